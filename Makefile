@@ -1,0 +1,58 @@
+# smartcache — the front door. `make run` and `make test` set everything up
+# on a fresh Debian 12 machine (as root) and then run.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
+
+.PHONY: run test lint fmt bench clean sysdeps venv lua-test
+
+sysdeps:  ## Debian packages: tarantool, lua-check, python venv support
+	@missing=""; \
+	command -v tarantool >/dev/null || missing="$$missing tarantool"; \
+	command -v luacheck  >/dev/null || missing="$$missing lua-check"; \
+	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml constraints.txt
+	$(MAKE) sysdeps
+	rm -f $(VENV)/.installed-*
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $@
+
+venv: sysdeps $(STAMP)
+
+run: venv  ## start master + replica, the service and the simulated backend; Ctrl-C stops all
+	$(PY) -m service.devstack
+
+test: venv  ## the whole test suite: Lua tap tests, then pytest
+	$(MAKE) lua-test
+	$(PY) -m pytest
+
+lua-test: sysdeps
+	@for t in lua/tests/*_test.lua; do \
+		[ -e "$$t" ] || continue; \
+		echo "== $$t"; (cd lua && tarantool "tests/$$(basename $$t)") || exit 1; \
+	done
+
+lint: venv
+	$(VENV)/bin/ruff check service tests loadtest
+	$(VENV)/bin/ruff format --check service tests loadtest
+	$(VENV)/bin/mypy service
+	luacheck lua
+
+fmt: venv
+	$(VENV)/bin/ruff format service tests loadtest
+	$(VENV)/bin/ruff check --fix service tests loadtest
+
+bench: venv
+	$(PY) -m loadtest bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis var
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

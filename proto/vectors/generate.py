@@ -1,0 +1,69 @@
+"""Regenerate proto/vectors/vectors.json from PROTOCOL.md alone (struct + msgpack).
+
+Deliberately independent of service/protocol.py: the vectors check the codec,
+so they must not be made by it. Run: .venv/bin/python proto/vectors/generate.py
+"""
+
+import json
+import struct
+from pathlib import Path
+
+import msgpack
+
+HEADER = struct.Struct("!BBHHBBIQ16s")  # PROTOCOL.md, "Header frame"
+SID = bytes.fromhex("6f1c2a3b4c5d4e6f8a9b0c1d2e3f4a5b")
+
+
+def header(version=1, system=1, type_=1, terr=0, flags=0, reserved=0, lifetime=0, rid=1, sid=bytes(16)):
+    return HEADER.pack(version, system, type_, terr, flags, reserved, lifetime, rid, sid)
+
+
+def decoded(version=1, system=1, type_=1, terr=0, flags=0, lifetime=0, rid=1, sid=bytes(16)):
+    return {"version": version, "system": system, "type": type_, "transport_error": terr, "flags": flags,
+            "lifetime_ms": lifetime, "request_id": rid, "session_id": sid.hex()}
+
+
+def body(obj):
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+valid = [
+    ("ping request", header(), b"", decoded(), {}),
+    ("session create, no session, lifetime 1500 ms", header(type_=10, lifetime=1500, rid=0x0102030405060708),
+     body({"client_id": "c-1", "ttl_s": 600, "data": {"step": 1}}),
+     decoded(type_=10, lifetime=1500, rid=0x0102030405060708), {"client_id": "c-1", "ttl_s": 600, "data": {"step": 1}}),
+    ("session get reply OK", header(type_=11, rid=7, sid=SID),
+     body({"status": 0, "client_id": "c-1", "version": "5.2", "data": b"\x00\x01", "rev": 3,
+           "updated_at_ms": 1764500000000, "expires_in_ms": 600000}),
+     decoded(type_=11, rid=7, sid=SID),
+     {"status": 0, "client_id": "c-1", "version": "5.2", "data": {"hex": "0001"}, "rev": 3,
+      "updated_at_ms": 1764500000000, "expires_in_ms": 600000}),
+    ("queue full reply (transport error 8, DATA_ERROR)", header(type_=20, terr=8, flags=1, rid=2**64 - 1),
+     body({"status": 99, "error": "QUEUE_FULL", "message": "queue full"}),
+     decoded(type_=20, terr=8, flags=1, rid=2**64 - 1), {"status": 99, "error": "QUEUE_FULL", "message": "queue full"}),
+    ("app start, NO_REPLY", header(type_=40, flags=2, rid=9), body({"device_id": "dev-1"}),
+     decoded(type_=40, flags=2, rid=9), {"device_id": "dev-1"}),
+]
+
+invalid = [
+    ("header too short", header()[:35], b"", "BAD_HEADER"),
+    ("header too long", header() + b"\x00", b"", "BAD_HEADER"),
+    ("version 2", header(version=2), b"", "UNSUPPORTED_VERSION"),
+    ("system 7", header(system=7), b"", "UNKNOWN_SYSTEM"),
+    ("type 999", header(type_=999), b"", "UNKNOWN_TYPE"),
+    ("reserved flag bit 2", header(flags=4), b"", "BAD_HEADER"),
+    ("reserved byte", header(reserved=1), b"", "BAD_HEADER"),
+    ("body is an array", header(), body([1, 2]), "BAD_BODY"),
+    ("body truncated", header(), body({"key": "abcdef"})[:-2], "BAD_BODY"),
+    ("body with trailing bytes", header(), body({}) + b"\xc0", "BAD_BODY"),
+    ("body with integer key", header(), body({1: 2}), "BAD_BODY"),
+    ("body with never-used byte 0xc1", header(), b"\x81\xa1k\xc1", "BAD_BODY"),
+]
+
+out = {
+    "doc": "Test vectors for PROTOCOL.md v1. frames are hex; header/body give the decoded meaning "
+           "(bytes shown as {\"hex\": ...}); error is the transport error a decoder must raise.",
+    "valid": [{"name": n, "frames": [h.hex(), b.hex()], "header": d, "body": bd} for n, h, b, d, bd in valid],
+    "invalid": [{"name": n, "frames": [h.hex(), b.hex()], "error": e} for n, h, b, e in invalid],
+}
+Path(__file__).with_name("vectors.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -1,0 +1,314 @@
+"""Client library for front servers, operators and our own tests.
+
+Two clients over one ZeroMQ DEALER socket each, with many requests in flight,
+correlated by request id:
+
+* :class:`Client` — blocking; ``call`` one request, or ``send`` many and
+  ``wait`` for each.
+* :class:`AsyncClient` — asyncio; ``await call(...)`` from many tasks at once.
+
+Both have the same typed helpers (``session_get``, ``cache_put``...). A reply
+with a data-level status (NOT_FOUND, CONFLICT...) is returned; a transport
+error (QUEUE_FULL, EXPIRED...) raises :class:`RequestError`; no reply in time
+raises :class:`RequestTimeout`. A socket belongs to the thread (or event loop)
+that created the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import zmq
+import zmq.asyncio
+
+from service.errors import ProtocolError, RequestError, RequestTimeout
+from service.protocol import (
+    FLAG_DATA_ERROR,
+    FLAG_NO_REPLY,
+    NO_SESSION,
+    REGISTRY,
+    Header,
+    decode_body,
+    decode_header,
+    encode_body,
+    encode_header,
+)
+
+DEFAULT_TIMEOUT_S = 5.0
+
+SessionId = bytes | uuid.UUID | str
+
+
+def session_bytes(sid: SessionId | None) -> bytes:
+    """Accept a UUID, its string form, or 16 raw bytes; None is 'no session'."""
+    if sid is None:
+        return NO_SESSION
+    if isinstance(sid, uuid.UUID):
+        return sid.bytes
+    if isinstance(sid, str):
+        return uuid.UUID(sid).bytes
+    if len(sid) != 16:
+        raise ValueError(f"session id must be 16 bytes, got {len(sid)}")
+    return sid
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A decoded reply: the header and the body map."""
+
+    header: Header
+    body: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        """The reply status name (``OK``, ``NOT_FOUND``...)."""
+        return REGISTRY.status_names.get(self.body.get("status", -1), "UNKNOWN")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
+
+    @property
+    def data_error(self) -> bool:
+        return bool(self.header.flags & FLAG_DATA_ERROR)
+
+    @property
+    def session_id(self) -> uuid.UUID | None:
+        sid = self.header.session_id
+        return None if sid == NO_SESSION else uuid.UUID(bytes=sid)
+
+
+def _decode_reply(frames: list[bytes]) -> Reply:
+    if frames and frames[0] == b"":  # REQ-style empty delimiter
+        frames = frames[1:]
+    if len(frames) != 2:
+        raise RequestError("BAD_FRAMES", f"reply has {len(frames)} frames, expected 2")
+    try:
+        reply = Reply(decode_header(frames[0]), decode_body(frames[1]))
+    except ProtocolError as e:
+        raise RequestError(e.transport_error, f"undecodable reply: {e}") from e
+    if reply.header.transport_error:
+        name = REGISTRY.transport_error_names[reply.header.transport_error]
+        raise RequestError(name, str(reply.body.get("message", "")), reply.body)
+    return reply
+
+
+def _frames(type_name: str, body: Mapping[str, Any] | None, *, request_id: int, session_id: SessionId | None,
+            lifetime_ms: int, no_reply: bool) -> list[bytes]:
+    spec = REGISTRY.types[type_name]
+    header = Header.request(spec.id, request_id=request_id, session_id=session_bytes(session_id),
+                            lifetime_ms=lifetime_ms, flags=FLAG_NO_REPLY if no_reply else 0)
+    clean = {k: v for k, v in (body or {}).items() if v is not None}
+    return [encode_header(header), encode_body(clean)]
+
+
+R = TypeVar("R")
+
+
+class _Helpers(ABC, Generic[R]):
+    """Typed helpers, one per message type; all go through ``call``."""
+
+    @abstractmethod
+    def call(self, type_name: str, body: Mapping[str, Any] | None = None, *, session_id: SessionId | None = None,
+             lifetime_ms: int = 0, timeout_s: float | None = None) -> R: ...
+
+    def ping(self) -> R:
+        return self.call("PING")
+
+    def session_create(self, client_id: str, *, data: Any = None, ttl_s: int | None = None,
+                       version: str | None = None, session_id: SessionId | None = None) -> R:
+        body = {"client_id": client_id, "data": data, "ttl_s": ttl_s, "version": version}
+        return self.call("SESSION_CREATE", body, session_id=session_id)
+
+    def session_get(self, session_id: SessionId) -> R:
+        return self.call("SESSION_GET", session_id=session_id)
+
+    def session_touch(self, session_id: SessionId) -> R:
+        return self.call("SESSION_TOUCH", session_id=session_id)
+
+    def session_update(self, session_id: SessionId, data: Any, *, expected_rev: int | None = None,
+                       version: str | None = None) -> R:
+        body = {"data": data, "expected_rev": expected_rev, "version": version}
+        return self.call("SESSION_UPDATE", body, session_id=session_id)
+
+    def session_delete(self, session_id: SessionId) -> R:
+        return self.call("SESSION_DELETE", session_id=session_id)
+
+    def session_list(self, client_id: str) -> R:
+        return self.call("SESSION_LIST", {"client_id": client_id})
+
+    def cache_put(self, key: str, data: Any, *, session_id: SessionId | None = None, data_type: int | None = None,
+                  ttl_s: int | None = None) -> R:
+        body = {"key": key, "data": data, "data_type": data_type, "ttl_s": ttl_s}
+        return self.call("CACHE_PUT", body, session_id=session_id)
+
+    def cache_get(self, key: str, *, session_id: SessionId | None = None) -> R:
+        return self.call("CACHE_GET", {"key": key}, session_id=session_id)
+
+    def cache_delete(self, key: str, *, session_id: SessionId | None = None) -> R:
+        return self.call("CACHE_DELETE", {"key": key}, session_id=session_id)
+
+    def device_bind(self, device_id: str, client_id: str) -> R:
+        return self.call("DEVICE_BIND", {"device_id": device_id, "client_id": client_id})
+
+    def device_lookup(self, device_id: str) -> R:
+        return self.call("DEVICE_LOOKUP", {"device_id": device_id})
+
+    def products_get(self, client_id: str, data_type: int) -> R:
+        return self.call("PRODUCTS_GET", {"client_id": client_id, "data_type": data_type})
+
+
+class Client(_Helpers[Reply]):
+    """A blocking client: one DEALER socket, used from one thread."""
+
+    def __init__(self, endpoint: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        self.timeout_s = timeout_s
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._outstanding: set[int] = set()
+        self._arrived: dict[int, Reply | RequestError] = {}
+
+    def send(self, type_name: str, body: Mapping[str, Any] | None = None, *, session_id: SessionId | None = None,
+             lifetime_ms: int = 0, no_reply: bool = False) -> int:
+        """Send one request without waiting; returns its request id for ``wait``."""
+        rid = next(self._ids)
+        self._sock.send_multipart(_frames(type_name, body, request_id=rid, session_id=session_id,
+                                          lifetime_ms=lifetime_ms, no_reply=no_reply))
+        if not no_reply:
+            self._outstanding.add(rid)
+        return rid
+
+    def wait(self, request_id: int, timeout_s: float | None = None) -> Reply:
+        """The reply to an earlier ``send``; replies to other requests are kept for their ``wait``."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        while request_id not in self._arrived:
+            left_ms = (deadline - time.monotonic()) * 1000
+            if left_ms <= 0 or not self._sock.poll(max(1, int(left_ms))):
+                self._outstanding.discard(request_id)
+                raise RequestTimeout(f"no reply to request {request_id} in time")
+            self._receive_one()
+        self._outstanding.discard(request_id)
+        result = self._arrived.pop(request_id)
+        if isinstance(result, RequestError):
+            raise result
+        return result
+
+    def _receive_one(self) -> None:
+        frames = self._sock.recv_multipart()
+        try:
+            reply: Reply | RequestError = _decode_reply(frames)
+            rid = reply.header.request_id  # type: ignore[union-attr]
+        except RequestError as e:
+            rid = _request_id_of(frames)
+            reply = e
+        if rid in self._outstanding:  # late replies to timed-out requests are dropped
+            self._arrived[rid] = reply
+
+    def call(self, type_name: str, body: Mapping[str, Any] | None = None, *, session_id: SessionId | None = None,
+             lifetime_ms: int = 0, timeout_s: float | None = None) -> Reply:
+        return self.wait(self.send(type_name, body, session_id=session_id, lifetime_ms=lifetime_ms), timeout_s)
+
+    def app_start(self, device_id: str) -> None:
+        """Tell the service the app started on this device; never answered."""
+        self.send("APP_START", {"device_id": device_id}, no_reply=True)
+
+    def close(self, linger_ms: int = 200) -> None:
+        """Close the socket, giving unsent messages (say, an APP_START) up to linger_ms to leave."""
+        self._sock.close(linger=linger_ms)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _request_id_of(frames: list[bytes]) -> int:
+    """Best-effort request id of an undecodable reply (0 when even that fails)."""
+    for f in frames:
+        if len(f) == 36:
+            return int.from_bytes(f[12:20], "big")
+    return 0
+
+
+class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
+    """An asyncio client: one DEALER socket, many concurrent ``await call(...)``.
+
+    ``call`` returns a future; a reader task started on first use resolves it.
+    """
+
+    def __init__(self, endpoint: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 context: zmq.asyncio.Context | None = None) -> None:
+        self.timeout_s = timeout_s
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    def call(self, type_name: str, body: Mapping[str, Any] | None = None, *, session_id: SessionId | None = None,
+             lifetime_ms: int = 0, timeout_s: float | None = None) -> asyncio.Future[Reply]:
+        loop = asyncio.get_running_loop()
+        if self._reader is None:
+            self._reader = loop.create_task(self._read())
+        rid = next(self._ids)
+        fut: asyncio.Future[Reply] = loop.create_future()
+        self._pending[rid] = fut
+        frames = _frames(type_name, body, request_id=rid, session_id=session_id, lifetime_ms=lifetime_ms,
+                         no_reply=False)
+        sent = self._sock.send_multipart(frames)
+        sent.add_done_callback(lambda f: f.exception() and self._fail(rid, f.exception()))
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        handle = loop.call_later(timeout, self._expire, rid)
+        fut.add_done_callback(lambda _: (handle.cancel(), self._pending.pop(rid, None)))
+        return fut
+
+    def _fail(self, rid: int, exc: BaseException | None) -> None:
+        fut = self._pending.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(RequestError("INTERNAL", f"send failed: {exc}"))
+
+    def _expire(self, rid: int) -> None:
+        fut = self._pending.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(RequestTimeout(f"no reply to request {rid} in time"))
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart()
+            try:
+                reply = _decode_reply(frames)
+            except RequestError as e:
+                fut = self._pending.get(_request_id_of(frames))
+                if fut is not None and not fut.done():
+                    fut.set_exception(e)
+                continue
+            fut = self._pending.get(reply.header.request_id)
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+
+    async def app_start(self, device_id: str) -> None:
+        """Tell the service the app started on this device; never answered."""
+        await self._sock.send_multipart(_frames("APP_START", {"device_id": device_id}, request_id=next(self._ids),
+                                                session_id=None, lifetime_ms=0, no_reply=True))
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.cancel()
+        self._sock.close(linger=0)

@@ -1,0 +1,132 @@
+"""Every exception smartcache raises on purpose.
+
+::
+
+    SmartcacheError
+    ├── ProtocolError            a frame could not be decoded (carries transport_error)
+    │   ├── BadFrames
+    │   ├── BadHeader
+    │   ├── UnsupportedVersion
+    │   ├── UnknownSystem
+    │   ├── UnknownType
+    │   ├── BodyTooLarge
+    │   └── BadBody
+    ├── RequestError             the service answered with a transport error (client side)
+    │   └── RequestTimeout       no reply within the client's timeout
+    ├── StorageError             Tarantool failed
+    │   ├── StorageUnavailable   no connection, or the call did not finish in time
+    │   └── ProcedureError       a stored procedure raised (a bug or misuse)
+    └── BackendError             the core backend failed (later: prewarm)
+
+Exceptions from zmq, msgpack and the Tarantool connector are translated at the
+edge of each layer, with ``raise ... from e``; nothing else leaks out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.protocol import Header
+
+
+class SmartcacheError(Exception):
+    """Root of all smartcache exceptions."""
+
+
+class ProtocolError(SmartcacheError):
+    """A frame could not be decoded.
+
+    ``transport_error`` names the transport error (registry) to answer with;
+    ``header`` is the decoded header when the failure came after it, so the
+    sender can still be answered with its request id. Callers answer or drop
+    and count; they never crash.
+    """
+
+    transport_error = "INTERNAL"
+
+    def __init__(self, message: str, *, header: Header | None = None) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+class BadFrames(ProtocolError):
+    """The message does not have exactly a header and a body frame."""
+
+    transport_error = "BAD_FRAMES"
+
+
+class BadHeader(ProtocolError):
+    """Header has the wrong size, reserved bits set, or an unknown transport error."""
+
+    transport_error = "BAD_HEADER"
+
+
+class UnsupportedVersion(ProtocolError):
+    """Header version is not one this codec speaks."""
+
+    transport_error = "UNSUPPORTED_VERSION"
+
+
+class UnknownSystem(ProtocolError):
+    """Header addresses a system other than smartcache."""
+
+    transport_error = "UNKNOWN_SYSTEM"
+
+
+class UnknownType(ProtocolError):
+    """Header message type is not in the registry."""
+
+    transport_error = "UNKNOWN_TYPE"
+
+
+class BodyTooLarge(ProtocolError):
+    """Body frame is longer than the allowed maximum."""
+
+    transport_error = "BODY_TOO_LARGE"
+
+
+class BadBody(ProtocolError):
+    """Body is not valid msgpack, not a map, too deep, or has non-string keys."""
+
+    transport_error = "BAD_BODY"
+
+
+class RequestError(SmartcacheError):
+    """The service answered with a non-zero transport error.
+
+    Raised by the client library. ``transport_error`` is the registry name
+    (``QUEUE_FULL``, ``EXPIRED``...), ``body`` the error object. QUEUE_FULL,
+    EXPIRED, STORAGE_UNAVAILABLE and SHUTTING_DOWN are worth a retry later.
+    """
+
+    def __init__(self, transport_error: str, message: str, body: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{transport_error}: {message}")
+        self.transport_error = transport_error
+        self.body = body or {}
+
+
+class RequestTimeout(RequestError):
+    """No reply arrived within the client's timeout; the request may still run."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("TIMEOUT", message)
+
+
+class StorageError(SmartcacheError):
+    """Tarantool failed; see subclasses."""
+
+
+class StorageUnavailable(StorageError):
+    """No connection to Tarantool, or the call did not finish in time.
+
+    Answer STORAGE_UNAVAILABLE; the connection recovers by itself.
+    """
+
+
+class ProcedureError(StorageError):
+    """A stored procedure raised: a bug or a misuse, answered INTERNAL."""
+
+
+class BackendError(SmartcacheError):
+    """The core backend failed, timed out or answered something unparsable."""

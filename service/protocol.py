@@ -1,0 +1,295 @@
+"""The smartcache wire protocol: registry, header and body codec.
+
+Every number lives in ``proto/protocol.toml``; this module loads it once and
+holds no second copy. ``proto/PROTOCOL.md`` is the spec.
+
+A message is two frames: a fixed 36-byte header and a msgpack body (a map with
+string keys). Decoding is strict and bounded: every malformed input raises one
+subclass of :class:`service.errors.ProtocolError`, never anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgpack
+
+from service.errors import (
+    BadBody,
+    BadHeader,
+    BodyTooLarge,
+    UnknownSystem,
+    UnknownType,
+    UnsupportedVersion,
+)
+
+REGISTRY_PATH = Path(
+    os.environ.get("SMARTCACHE_PROTOCOL", Path(__file__).resolve().parent.parent / "proto" / "protocol.toml")
+)
+
+#: version, system, type, transport_error, flags, reserved, lifetime_ms, request_id, session_id
+HEADER_STRUCT = struct.Struct("!BBHHBBIQ16s")
+NO_SESSION = bytes(16)
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "bool": (bool,),
+    "bytes": (bytes,),
+    "uuid": (bytes,),
+    "list": (list,),
+    "any": (object,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One body field of a message type: its type name and whether it may be absent."""
+
+    name: str
+    type: str
+    optional: bool
+
+    def accepts(self, value: object) -> bool:
+        if self.type == "any":
+            return True
+        if self.type == "int" and isinstance(value, bool):
+            return False
+        if self.type == "uuid":
+            return isinstance(value, bytes) and len(value) == 16
+        return isinstance(value, _FIELD_TYPES[self.type])
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSpec:
+    """One message type of the registry."""
+
+    name: str
+    id: int
+    priority: int
+    lifetime_ms: int
+    session: str
+    request: tuple[FieldSpec, ...]
+    reply: tuple[FieldSpec, ...]
+    statuses: tuple[str, ...]
+    doc: str
+
+    def check_request(self, body: Mapping[str, Any]) -> str | None:
+        """Return why ``body`` is not a valid request of this type, or None."""
+        for f in self.request:
+            if f.name not in body:
+                if not f.optional:
+                    return f"missing field {f.name!r}"
+            elif not f.accepts(body[f.name]) and not (f.optional and body[f.name] is None):
+                return f"field {f.name!r} must be {f.type}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    """The parsed ``protocol.toml``."""
+
+    version: int
+    header_size: int
+    max_body_bytes: int
+    max_depth: int
+    max_lifetime_ms: int
+    systems: Mapping[str, int]
+    flags: Mapping[str, int]
+    statuses: Mapping[str, int]
+    transport_errors: Mapping[str, int]
+    types: Mapping[str, MessageSpec]
+    types_by_id: Mapping[int, MessageSpec] = field(default_factory=dict)
+    status_names: Mapping[int, str] = field(default_factory=dict)
+    transport_error_names: Mapping[int, str] = field(default_factory=dict)
+
+
+def _fields(table: Mapping[str, str]) -> tuple[FieldSpec, ...]:
+    out = []
+    for name, spec in table.items():
+        optional = spec.endswith("?")
+        type_name = spec.rstrip("?")
+        if type_name not in _FIELD_TYPES:
+            raise ValueError(f"unknown field type {spec!r} for {name!r}")
+        out.append(FieldSpec(name, type_name, optional))
+    return tuple(out)
+
+
+def _codes(table: Mapping[str, Any]) -> dict[str, int]:
+    return {name: int(entry["code"]) for name, entry in table.items()}
+
+
+def load_registry(path: Path = REGISTRY_PATH) -> Registry:
+    """Load and check the registry; raises ValueError on an inconsistent file."""
+    with path.open("rb") as f:
+        raw = tomllib.load(f)
+    statuses = _codes(raw["statuses"])
+    types = {}
+    for name, t in raw["types"].items():
+        unknown = set(t["statuses"]) - statuses.keys()
+        if unknown:
+            raise ValueError(f"{name}: unknown statuses {sorted(unknown)}")
+        if t["session"] not in ("required", "optional", "none"):
+            raise ValueError(f"{name}: bad session rule {t['session']!r}")
+        types[name] = MessageSpec(
+            name=name,
+            id=int(t["id"]),
+            priority=int(t["priority"]),
+            lifetime_ms=int(t["lifetime_ms"]),
+            session=t["session"],
+            request=_fields(t["request"]),
+            reply=_fields(t["reply"]),
+            statuses=tuple(t["statuses"]),
+            doc=t["doc"],
+        )
+    transport_errors = _codes(raw["transport_errors"])
+    for what, table in (("type", {t.name: t.id for t in types.values()}), ("status", statuses),
+                        ("transport error", transport_errors)):
+        if len(set(table.values())) != len(table):
+            raise ValueError(f"duplicate {what} codes in {path}")
+    proto = raw["protocol"]
+    if proto["header_size"] != HEADER_STRUCT.size:
+        raise ValueError(f"header_size {proto['header_size']} != {HEADER_STRUCT.size}")
+    return Registry(
+        version=int(proto["version"]),
+        header_size=int(proto["header_size"]),
+        max_body_bytes=int(proto["max_body_bytes"]),
+        max_depth=int(proto["max_depth"]),
+        max_lifetime_ms=int(proto["max_lifetime_ms"]),
+        systems=dict(raw["systems"]),
+        flags=dict(raw["flags"]),
+        statuses=statuses,
+        transport_errors=transport_errors,
+        types=types,
+        types_by_id={t.id: t for t in types.values()},
+        status_names={v: k for k, v in statuses.items()},
+        transport_error_names={v: k for k, v in transport_errors.items()},
+    )
+
+
+REGISTRY = load_registry()
+STATUS = REGISTRY.statuses
+TRANSPORT_ERROR = REGISTRY.transport_errors
+FLAG_DATA_ERROR = REGISTRY.flags["DATA_ERROR"]
+FLAG_NO_REPLY = REGISTRY.flags["NO_REPLY"]
+_KNOWN_FLAGS = FLAG_DATA_ERROR | FLAG_NO_REPLY
+SYSTEM_SMARTCACHE = REGISTRY.systems["SMARTCACHE"]
+
+
+class Header(NamedTuple):
+    """A decoded header (the reserved byte is always zero and not kept)."""
+
+    version: int
+    system: int
+    type: int
+    transport_error: int
+    flags: int
+    lifetime_ms: int
+    request_id: int
+    session_id: bytes
+
+    @classmethod
+    def request(cls, type_id: int, *, request_id: int, session_id: bytes = NO_SESSION,
+                lifetime_ms: int = 0, flags: int = 0) -> Header:
+        """A header for a client request to smartcache."""
+        return cls(REGISTRY.version, SYSTEM_SMARTCACHE, type_id, 0, flags, lifetime_ms, request_id, session_id)
+
+    def reply(self, *, transport_error: int = 0, flags: int = 0, session_id: bytes | None = None) -> Header:
+        """The header of the answer to this message: same type, request id and session."""
+        return self._replace(transport_error=transport_error, flags=flags,
+                             session_id=self.session_id if session_id is None else session_id)
+
+
+def encode_header(h: Header) -> bytes:
+    """Pack a header; raises BadHeader for out-of-range fields."""
+    try:
+        return HEADER_STRUCT.pack(h.version, h.system, h.type, h.transport_error, h.flags, 0,
+                                  h.lifetime_ms, h.request_id, h.session_id)
+    except struct.error as e:
+        raise BadHeader(f"cannot encode header: {e}") from e
+
+
+def decode_header(frame: bytes, registry: Registry = REGISTRY) -> Header:
+    """Unpack and validate a header frame.
+
+    Raises BadHeader, UnsupportedVersion, UnknownSystem or UnknownType; every
+    error after the size check carries the decoded header so the sender can be
+    answered with its own request id.
+    """
+    if len(frame) != HEADER_STRUCT.size:
+        raise BadHeader(f"header is {len(frame)} bytes, expected {HEADER_STRUCT.size}")
+    version, system, type_id, terr, flags, reserved, lifetime_ms, request_id, session_id = (
+        HEADER_STRUCT.unpack(frame)
+    )
+    h = Header(version, system, type_id, terr, flags, lifetime_ms, request_id, session_id)
+    if version != registry.version:
+        raise UnsupportedVersion(f"protocol version {version} is not supported (speak {registry.version})", header=h)
+    if system != SYSTEM_SMARTCACHE:
+        raise UnknownSystem(f"system {system} is not smartcache ({SYSTEM_SMARTCACHE})", header=h)
+    if reserved or flags & ~_KNOWN_FLAGS:
+        raise BadHeader(f"reserved bits set (flags={flags:#04x}, reserved={reserved:#04x})", header=h)
+    if terr not in registry.transport_error_names:
+        raise BadHeader(f"unknown transport error {terr}", header=h)
+    if type_id not in registry.types_by_id:
+        raise UnknownType(f"unknown message type {type_id}", header=h)
+    return h
+
+
+def _no_ext(code: int, data: bytes) -> object:
+    raise BadBody(f"msgpack extension type {code} is not allowed")
+
+
+def _check_shape(obj: object, max_depth: int) -> None:
+    """Reject bodies that are not a map, nest deeper than max_depth, or have non-str keys."""
+    if not isinstance(obj, dict):
+        raise BadBody(f"body must be a msgpack map, not {type(obj).__name__}")
+    stack: list[tuple[object, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise BadBody(f"body nests deeper than {max_depth} levels")
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if not isinstance(k, str):
+                    raise BadBody(f"map keys must be strings, not {type(k).__name__}")
+                if isinstance(v, dict | list):
+                    stack.append((v, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+
+
+def decode_body(frame: bytes, *, max_bytes: int = REGISTRY.max_body_bytes,
+                max_depth: int = REGISTRY.max_depth) -> dict[str, Any]:
+    """Unpack a body frame into a dict; raises BodyTooLarge or BadBody.
+
+    An empty frame is an empty map (clients with nothing to say may send b"").
+    """
+    if len(frame) > max_bytes:
+        raise BodyTooLarge(f"body is {len(frame)} bytes, limit {max_bytes}")
+    if not frame:
+        return {}
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_no_ext,
+                              use_list=True)
+    except BadBody:
+        raise
+    except (ValueError, msgpack.UnpackException) as e:  # ExtraData, FormatError, StackError...
+        raise BadBody(f"invalid msgpack: {e}") from e
+    _check_shape(obj, max_depth)
+    return obj  # type: ignore[no-any-return]  # checked to be a dict above
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """Pack a body map (str as msgpack str, bytes as bin)."""
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def error_body(status: str, error: str, message: str) -> dict[str, Any]:
+    """An error object: the body of every reply with DATA_ERROR set."""
+    return {"status": STATUS[status], "error": error, "message": message}

@@ -1,0 +1,201 @@
+"""Codec property tests: every valid header round-trips, every malformed input raises the right error."""
+
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service.errors import (
+    BadBody,
+    BadHeader,
+    BodyTooLarge,
+    ProtocolError,
+    UnknownSystem,
+    UnknownType,
+    UnsupportedVersion,
+)
+from service.protocol import (
+    HEADER_STRUCT,
+    REGISTRY,
+    Header,
+    decode_body,
+    decode_header,
+    encode_body,
+    encode_header,
+)
+
+type_ids = st.sampled_from(sorted(REGISTRY.types_by_id))
+terr_codes = st.sampled_from(sorted(REGISTRY.transport_error_names))
+valid_headers = st.builds(
+    Header,
+    version=st.just(REGISTRY.version),
+    system=st.just(1),
+    type=type_ids,
+    transport_error=terr_codes,
+    flags=st.integers(0, 3),
+    lifetime_ms=st.integers(0, 2**32 - 1),
+    request_id=st.integers(0, 2**64 - 1),
+    session_id=st.binary(min_size=16, max_size=16),
+)
+leaves = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text() | st.binary()
+values = st.recursive(leaves, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(), c, max_size=4),
+                      max_leaves=20)
+bodies = st.dictionaries(st.text(), values, max_size=6)
+
+
+@given(valid_headers)
+def test_every_valid_header_round_trips(h: Header) -> None:
+    frame = encode_header(h)
+    assert len(frame) == 36
+    assert decode_header(frame) == h
+
+
+@given(st.binary().filter(lambda b: len(b) != 36))
+def test_header_of_wrong_size_is_bad_header(frame: bytes) -> None:
+    with pytest.raises(BadHeader):
+        decode_header(frame)
+
+
+@given(valid_headers, st.integers(0, 255).filter(lambda v: v != REGISTRY.version))
+def test_other_version_is_unsupported(h: Header, version: int) -> None:
+    with pytest.raises(UnsupportedVersion) as e:
+        decode_header(encode_header(h._replace(version=version)))
+    assert e.value.header is not None
+    assert e.value.header.request_id == h.request_id
+
+
+@given(valid_headers, st.integers(0, 255).filter(lambda v: v != 1))
+def test_other_system_is_unknown(h: Header, system: int) -> None:
+    with pytest.raises(UnknownSystem):
+        decode_header(encode_header(h._replace(system=system)))
+
+
+@given(valid_headers, st.integers(0, 65535).filter(lambda v: v not in REGISTRY.types_by_id))
+def test_unregistered_type_is_unknown(h: Header, type_id: int) -> None:
+    with pytest.raises(UnknownType) as e:
+        decode_header(encode_header(h._replace(type=type_id)))
+    assert e.value.transport_error == "UNKNOWN_TYPE"
+
+
+@given(valid_headers, st.integers(4, 255))
+def test_reserved_flag_bits_are_bad_header(h: Header, flags: int) -> None:
+    with pytest.raises(BadHeader):
+        decode_header(encode_header(h._replace(flags=flags)))
+
+
+@given(valid_headers, st.integers(1, 255))
+def test_reserved_byte_is_bad_header(h: Header, reserved: int) -> None:
+    frame = bytearray(encode_header(h))
+    frame[7] = reserved
+    with pytest.raises(BadHeader):
+        decode_header(bytes(frame))
+
+
+@given(valid_headers, st.integers(0, 65535).filter(lambda v: v not in REGISTRY.transport_error_names))
+def test_unregistered_transport_error_is_bad_header(h: Header, terr: int) -> None:
+    with pytest.raises(BadHeader):
+        decode_header(encode_header(h._replace(transport_error=terr)))
+
+
+@given(st.binary(min_size=36, max_size=36))
+def test_any_36_bytes_decode_or_raise_a_protocol_error(frame: bytes) -> None:
+    try:
+        decode_header(frame)
+    except ProtocolError:
+        pass
+
+
+@given(bodies)
+def test_every_valid_body_round_trips(body: dict) -> None:
+    assert decode_body(encode_body(body)) == body
+
+
+def test_empty_frame_is_empty_map() -> None:
+    assert decode_body(b"") == {}
+
+
+@given(st.binary())
+def test_arbitrary_bytes_decode_to_a_map_or_raise_bad_body(frame: bytes) -> None:
+    try:
+        assert isinstance(decode_body(frame), dict)
+    except BadBody:
+        pass
+
+
+@given(bodies.filter(bool), st.data())
+def test_truncated_body_is_bad_body(body: dict, data: st.DataObject) -> None:
+    frame = encode_body(body)
+    cut = data.draw(st.integers(1, len(frame) - 1))
+    with pytest.raises(BadBody):
+        decode_body(frame[:cut])
+
+
+@given(bodies, st.binary(min_size=1, max_size=8))
+def test_trailing_bytes_are_bad_body(body: dict, extra: bytes) -> None:
+    with pytest.raises(BadBody):
+        decode_body(encode_body(body) + extra)
+
+
+@given(values.filter(lambda v: not isinstance(v, dict)))
+def test_non_map_body_is_bad_body(value: object) -> None:
+    with pytest.raises(BadBody):
+        decode_body(msgpack.packb(value, use_bin_type=True))
+
+
+@given(st.integers(1, 64))
+def test_body_deeper_than_limit_is_bad_body(extra: int) -> None:
+    nested: object = {}
+    for i in range(REGISTRY.max_depth + extra - 1):
+        nested = {"k": nested} if i % 2 else [nested]
+    with pytest.raises(BadBody):
+        decode_body(encode_body({"k": nested}))
+
+
+def test_body_at_depth_limit_is_accepted() -> None:
+    nested: object = 1
+    for _ in range(REGISTRY.max_depth - 1):
+        nested = {"k": nested}
+    assert decode_body(encode_body({"k": nested}))["k"] == nested
+
+
+@given(st.integers(1, 1000) | st.binary(min_size=1, max_size=4) | st.booleans())
+def test_non_string_keys_are_bad_body(key: object) -> None:
+    with pytest.raises(BadBody):
+        decode_body(msgpack.packb({"outer": {key: 1}}, use_bin_type=True))
+
+
+def test_invalid_utf8_string_is_bad_body() -> None:
+    with pytest.raises(BadBody):
+        decode_body(b"\x81\xa1k\xa2\xff\xfe")
+
+
+def test_extension_types_are_bad_body() -> None:
+    with pytest.raises(BadBody):
+        decode_body(msgpack.packb({"t": msgpack.ExtType(5, b"x")}))
+
+
+@given(st.integers(1, 4096))
+def test_oversized_body_is_body_too_large(limit: int) -> None:
+    frame = encode_body({"data": b"x" * limit})
+    with pytest.raises(BodyTooLarge):
+        decode_body(frame, max_bytes=limit)
+
+
+def test_header_built_only_from_the_spec_is_decoded() -> None:
+    """A client that knows only PROTOCOL.md builds a header with struct, and the codec decodes it."""
+    spec_layout = "!BBHHBBIQ16s"  # PROTOCOL.md: version, system, type, transport_error, flags, reserved,
+    #                                lifetime_ms, request_id, session_id — network byte order, 36 bytes
+    session = bytes(range(16))
+    frame = struct.pack(spec_layout, 1, 1, 11, 0, 0, 0, 2500, 0xDEADBEEF, session)
+    h = decode_header(frame)
+    assert (h.type, h.lifetime_ms, h.request_id, h.session_id) == (11, 2500, 0xDEADBEEF, session)
+    assert REGISTRY.types_by_id[h.type].name == "SESSION_GET"
+    assert HEADER_STRUCT.size == 36
+
+
+def test_reply_header_echoes_request_id_and_session() -> None:
+    req = Header.request(REGISTRY.types["SESSION_GET"].id, request_id=42, session_id=b"s" * 16, lifetime_ms=9)
+    rep = req.reply(transport_error=8, flags=1)
+    assert (rep.request_id, rep.session_id, rep.type, rep.transport_error, rep.flags) == (42, b"s" * 16, req.type, 8, 1)
