@@ -1,0 +1,83 @@
+-- Cache: arbitrary data under (session, key); session '' is the global
+-- namespace. Expired entries, and entries of a session that is not live, are
+-- absent.
+local util = require('smartcache.util')
+local config = require('smartcache.config')
+local sessions = require('smartcache.sessions')
+local F = require('smartcache.schema').F.cache
+
+local M = {}
+
+local GLOBAL = ''
+
+local function check_scope(session_id, key, now)
+    local err = util.check(session_id, 'string', 'session id') or util.check(key, 'string', 'key')
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    if session_id ~= GLOBAL and sessions.live(session_id, now) == nil then
+        return util.result('NOT_FOUND', {message = 'session is not live'})
+    end
+    return nil
+end
+
+function M.put(session_id, key, data_type, ttl_s, data)
+    local now = util.now_ms()
+    local err = util.check(data_type, 'number', 'data_type', true)
+        or util.check_positive(ttl_s, 'ttl_s', config.max_ttl_ms / 1000, true)
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    local ttl = ttl_s and ttl_s * 1000 or config.cache_ttl_ms
+    return box.atomic(function()
+        local bad = check_scope(session_id, key, now)
+        if bad ~= nil then
+            return bad
+        end
+        box.space.cache:replace({session_id, key, data_type or 0, now, ttl, now + ttl, data})
+        return util.result('OK', {expires_in_ms = ttl})
+    end)
+end
+
+function M.get(session_id, key)
+    local now = util.now_ms()
+    local bad = check_scope(session_id, key, now)
+    if bad ~= nil then
+        return bad
+    end
+    local t = box.space.cache:get({session_id, key})
+    if t == nil or t[F.expires_at] <= now then
+        return util.result('NOT_FOUND')
+    end
+    return util.result('OK', {data = t[F.data], data_type = t[F.data_type], updated_at_ms = t[F.updated_at],
+                              expires_in_ms = t[F.expires_at] - now})
+end
+
+function M.delete(session_id, key)
+    local now = util.now_ms()
+    local bad = check_scope(session_id, key, now)
+    if bad ~= nil then
+        return bad
+    end
+    local t = box.space.cache:delete({session_id, key})
+    if t == nil or t[F.expires_at] <= now then
+        return util.result('NOT_FOUND')
+    end
+    return util.result('OK')
+end
+
+function M.delete_by_session(session_id)
+    local err = util.check(session_id, 'string', 'session id')
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    local entries = box.space.cache.index.primary:select({session_id}, {iterator = 'EQ'})
+    box.atomic(function()
+        for _, t in ipairs(entries) do
+            box.space.cache:delete({t[F.session_id], t[F.key]})
+        end
+    end)
+    return util.result('OK', {deleted = #entries})
+end
+
+return M

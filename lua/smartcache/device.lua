@@ -1,0 +1,28 @@
+-- Device bindings: which client a mobile device belongs to (set at login).
+local util = require('smartcache.util')
+local F = require('smartcache.schema').F.device
+
+local M = {}
+
+function M.bind(device_id, client_id)
+    local err = util.check(device_id, 'string', 'device_id') or util.check(client_id, 'string', 'client_id')
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    box.space.device:replace({device_id, client_id, util.now_ms()})
+    return util.result('OK')
+end
+
+function M.lookup(device_id)
+    local err = util.check(device_id, 'string', 'device_id')
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    local t = box.space.device:get(device_id)
+    if t == nil then
+        return util.result('NOT_FOUND')
+    end
+    return util.result('OK', {client_id = t[F.client_id], updated_at_ms = t[F.updated_at]})
+end
+
+return M

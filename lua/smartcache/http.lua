@@ -1,0 +1,159 @@
+-- Read-only operator HTTP endpoint on the socket module (2.6 has no http.server).
+--
+--   GET /health                 role, read-only flag, replication state (503 unless running)
+--   GET /metrics                Prometheus text format
+--   GET /sessions/<id>          one live session
+--   GET /clients/<id>/sessions  a client's live sessions
+local socket = require('socket')
+local json = require('json')
+local log = require('log')
+local digest = require('digest')
+local stats = require('smartcache.stats')
+local expiry = require('smartcache.expiry')
+local util = require('smartcache.util')
+local schema = require('smartcache.schema')
+local sessions = require('smartcache.sessions')
+
+local M = {}
+
+local MAX_REQUEST_BYTES = 8192
+local READ_TIMEOUT_S = 5
+local F = schema.F.sessions
+
+local function respond(s, code, content_type, body)
+    local reason = ({[200] = 'OK', [404] = 'Not Found', [405] = 'Method Not Allowed', [400] = 'Bad Request',
+                     [503] = 'Service Unavailable', [500] = 'Internal Server Error'})[code] or 'OK'
+    s:write(string.format('HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s',
+        code, reason, content_type, #body, body))
+end
+
+-- JSON that survives binary data: strings json cannot carry go as base64.
+local function to_json(value)
+    local ok, text = pcall(json.encode, value)
+    if ok then
+        return text
+    end
+    if type(value) == 'table' then
+        local copy = {}
+        for k, v in pairs(value) do
+            copy[k] = v
+        end
+        copy.data, copy.data_base64 = nil, digest.base64_encode(tostring(json.encode(value.data) or ''))
+        return json.encode(copy)
+    end
+    return json.encode({error = 'unencodable'})
+end
+
+local function session_view(t, now)
+    return {session_id = t[F.id], client_id = t[F.client_id], version = t[F.version], rev = t[F.rev],
+            updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now, data = t[F.data]}
+end
+
+local function health()
+    local running = box.info.status == 'running'
+    local body = {status = box.info.status, read_only = box.info.ro, role = box.info.ro and 'replica' or 'master',
+                  instance_id = box.info.id, schema_version = schema.current_version(),
+                  replication = stats.replication()}
+    return running and 200 or 503, 'application/json', json.encode(body)
+end
+
+local function metric(out, name, kind, help, samples)
+    table.insert(out, string.format('# HELP %s %s', name, help))
+    table.insert(out, string.format('# TYPE %s %s', name, kind))
+    for _, s in ipairs(samples) do
+        table.insert(out, string.format('%s%s %s', name, s[1], tostring(s[2])))
+    end
+end
+
+local function metrics()
+    local out = {}
+    local tuples, expired = {}, {}
+    for _, name in ipairs(stats.SPACES) do
+        table.insert(tuples, {string.format('{space="%s"}', name), box.space[name] and box.space[name]:len() or 0})
+        if expiry.expired[name] ~= nil then
+            table.insert(expired, {string.format('{space="%s"}', name), expiry.expired[name]})
+        end
+    end
+    metric(out, 'smartcache_tarantool_tuples', 'gauge', 'Tuples per space.', tuples)
+    metric(out, 'smartcache_tarantool_expired_total', 'counter', 'Tuples removed by the expiry fibers.', expired)
+    metric(out, 'smartcache_tarantool_expiry_errors_total', 'counter', 'Errors in expiry fibers.',
+        {{'', expiry.errors}})
+    metric(out, 'smartcache_tarantool_wal_errors_total', 'counter', 'Procedure calls failed by WAL write errors.',
+        {{'', stats.wal_errors}})
+    metric(out, 'smartcache_tarantool_read_only', 'gauge', '1 when this instance is read-only.',
+        {{'', box.info.ro and 1 or 0}})
+    metric(out, 'smartcache_tarantool_schema_version', 'gauge', 'Schema version.', {{'', schema.current_version()}})
+    local lag, up = {}, {}
+    for _, r in ipairs(stats.replication()) do
+        local label = string.format('{peer_id="%d"}', r.id)
+        if r.upstream_lag_s ~= nil then
+            table.insert(lag, {label, r.upstream_lag_s})
+        end
+        table.insert(up, {label, r.upstream_status == 'follow' and 1 or 0})
+    end
+    metric(out, 'smartcache_tarantool_replication_lag_seconds', 'gauge', 'Upstream replication lag.', lag)
+    metric(out, 'smartcache_tarantool_replication_upstream_up', 'gauge', '1 when the upstream is following.', up)
+    table.insert(out, '')
+    return 200, 'text/plain; version=0.0.4', table.concat(out, '\n')
+end
+
+local function route(path)
+    if path == '/health' then
+        return health()
+    elseif path == '/metrics' then
+        return metrics()
+    end
+    local now = util.now_ms()
+    local id = path:match('^/sessions/([%w%-]+)$')
+    if id ~= nil then
+        local t = sessions.live(id, now)
+        if t == nil then
+            return 404, 'application/json', json.encode({error = 'NOT_FOUND'})
+        end
+        return 200, 'application/json', to_json(session_view(t, now))
+    end
+    local client = path:match('^/clients/([^/]+)/sessions$')
+    if client ~= nil then
+        local list = {}
+        for _, t in box.space.sessions.index.by_client:pairs({client}, {iterator = 'EQ'}) do
+            if t[F.expires_at] > now then
+                table.insert(list, session_view(t, now))
+            end
+        end
+        return 200, 'application/json', to_json({client_id = client, sessions = list})
+    end
+    return 404, 'application/json', json.encode({error = 'NOT_FOUND', message = 'no such route'})
+end
+
+local function handle(s)
+    local request = s:read({delimiter = '\r\n\r\n', chunk = MAX_REQUEST_BYTES}, READ_TIMEOUT_S)
+    if request == nil or request == '' then
+        return
+    end
+    local method, path = request:match('^(%u+) (%S+) HTTP/1%.[01]\r\n')
+    if method == nil then
+        respond(s, 400, 'text/plain', 'bad request\n')
+    elseif method ~= 'GET' then
+        respond(s, 405, 'text/plain', 'read-only endpoint: GET only\n')
+    else
+        local ok, code, ctype, body = pcall(route, (path:gsub('%?.*$', '')))
+        if ok then
+            respond(s, code, ctype, body)
+        else
+            log.error('http %s: %s', path, tostring(code))
+            respond(s, 500, 'application/json', json.encode({error = 'INTERNAL'}))
+        end
+    end
+end
+
+-- Start serving on host:port; returns the server socket (port 0 picks a free one).
+function M.start(host, port)
+    local server, err = socket.tcp_server(host, port, {handler = handle, name = 'operator_http'})
+    if server == nil then
+        error(string.format('operator http on %s:%s: %s', host, port, err))
+    end
+    log.info('operator http listening on %s:%d', host, server:name().port)
+    return server
+end
+
+return M

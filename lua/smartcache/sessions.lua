@@ -1,0 +1,149 @@
+-- Sessions: create, get-and-refresh (sliding expiry), touch, update with
+-- compare-and-set, delete (cascading to the session's cache), list by client.
+--
+-- A session whose deadline has passed is NOT_FOUND at once, swept or not.
+local util = require('smartcache.util')
+local config = require('smartcache.config')
+local F = require('smartcache.schema').F.sessions
+
+local M = {}
+
+local function live(id, now)
+    local t = box.space.sessions:get(id)
+    if t == nil or t[F.expires_at] <= now then
+        return nil
+    end
+    return t
+end
+M.live = live
+
+local function ttl_ms(ttl_s)
+    if ttl_s == nil then
+        return config.session_ttl_ms, nil
+    end
+    local err = util.check_positive(ttl_s, 'ttl_s', config.max_ttl_ms / 1000)
+    return ttl_s * 1000, err
+end
+
+function M.create(id, client_id, version, ttl_s, data)
+    local err = util.check(id, 'string', 'session id') or util.check(client_id, 'string', 'client_id')
+        or util.check(version, 'string', 'version', true)
+    local ttl
+    if err == nil then
+        ttl, err = ttl_ms(ttl_s)
+    end
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    local now = util.now_ms()
+    return box.atomic(function()
+        if live(id, now) ~= nil then
+            return util.result('ALREADY_EXISTS')
+        end
+        box.space.sessions:replace({id, client_id, version or '', 1, now, ttl, now + ttl, data})
+        return util.result('OK', {expires_in_ms = ttl, rev = 1})
+    end)
+end
+
+-- Push the deadline to now + ttl; returns the refreshed tuple or nil.
+local function refresh(id, now)
+    local t = live(id, now)
+    if t == nil then
+        return nil
+    end
+    return box.space.sessions:update(id, {{'=', F.updated_at, now}, {'=', F.expires_at, now + t[F.ttl_ms]}})
+end
+
+function M.get(id)
+    local now = util.now_ms()
+    local t
+    if util.is_writable() then
+        t = refresh(id, now)
+    else
+        t = live(id, now)  -- a replica serves reads without sliding
+    end
+    if t == nil then
+        return util.result('NOT_FOUND')
+    end
+    return util.result('OK', {
+        client_id = t[F.client_id], version = t[F.version], data = t[F.data], rev = t[F.rev],
+        updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now,
+    })
+end
+
+function M.touch(id)
+    local now = util.now_ms()
+    local t = refresh(id, now)
+    if t == nil then
+        return util.result('NOT_FOUND')
+    end
+    return util.result('OK', {expires_in_ms = t[F.expires_at] - now})
+end
+
+function M.update(id, data, expected_rev, version)
+    local err = util.check(expected_rev, 'number', 'expected_rev', true)
+        or util.check(version, 'string', 'version', true)
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    local now = util.now_ms()
+    return box.atomic(function()
+        local t = live(id, now)
+        if t == nil then
+            return util.result('NOT_FOUND')
+        end
+        if expected_rev ~= nil and t[F.rev] ~= expected_rev then
+            return util.result('CONFLICT', {rev = t[F.rev]})
+        end
+        local ops = {{'=', F.data, data}, {'+', F.rev, 1}, {'=', F.updated_at, now},
+                     {'=', F.expires_at, now + t[F.ttl_ms]}}
+        if version ~= nil then
+            table.insert(ops, {'=', F.version, version})
+        end
+        t = box.space.sessions:update(id, ops)
+        return util.result('OK', {rev = t[F.rev], expires_in_ms = t[F.ttl_ms]})
+    end)
+end
+
+-- Delete a session tuple and its cache entries; call inside a transaction.
+local function drop(id)
+    local entries = box.space.cache.index.primary:select({id}, {iterator = 'EQ'})
+    for _, c in ipairs(entries) do
+        box.space.cache:delete({c[1], c[2]})
+    end
+    box.space.sessions:delete(id)
+    return #entries
+end
+M.drop = drop
+
+function M.delete(id)
+    local now = util.now_ms()
+    return box.atomic(function()
+        if live(id, now) == nil then
+            -- An expired leftover still goes, with its cache, but the answer is NOT_FOUND.
+            if box.space.sessions:get(id) ~= nil then
+                drop(id)
+            end
+            return util.result('NOT_FOUND')
+        end
+        return util.result('OK', {cache_deleted = drop(id)})
+    end)
+end
+
+function M.list(client_id)
+    local err = util.check(client_id, 'string', 'client_id')
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    local now = util.now_ms()
+    local out = {}
+    for _, t in box.space.sessions.index.by_client:pairs({client_id}, {iterator = 'EQ'}) do
+        if t[F.expires_at] > now then
+            table.insert(out, {session_id = t[F.id], version = t[F.version], rev = t[F.rev],
+                               updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now})
+        end
+    end
+    return util.result('OK', {sessions = out})
+end
+
+return M

@@ -1,0 +1,70 @@
+-- Small shared helpers: Tarantool's own clock, status results, argument checks.
+local fiber = require('fiber')
+
+local M = {}
+
+-- Milliseconds since the epoch, from this instance's clock (cached per event
+-- loop turn, so cheap). Service instances need no clock agreement.
+function M.now_ms()
+    return math.floor(fiber.time() * 1000)
+end
+
+-- A procedure result: one map with the status name and the reply fields.
+function M.result(status, fields)
+    local r = fields or {}
+    r.status = status
+    return r
+end
+
+function M.bad_request(message)
+    return M.result('BAD_REQUEST', {message = message})
+end
+
+-- Check an argument's Lua type; returns an error message or nil.
+function M.check(value, lua_type, name, optional)
+    if value == nil and optional then
+        return nil
+    end
+    if type(value) ~= lua_type then
+        return string.format('%s must be %s', name, lua_type)
+    end
+    return nil
+end
+
+-- A positive integer (seconds or milliseconds) with an upper bound.
+function M.check_positive(value, name, max, optional)
+    if value == nil and optional then
+        return nil
+    end
+    if type(value) ~= 'number' or value ~= math.floor(value) or value <= 0 or value > max then
+        return string.format('%s must be an integer in 1..%d', name, max)
+    end
+    return nil
+end
+
+-- Environment settings with defaults.
+function M.env_number(name, default)
+    local v = os.getenv(name)
+    if v == nil or v == '' then
+        return default
+    end
+    local n = tonumber(v)
+    if n == nil then
+        error(string.format('%s must be a number, got %q', name, v))
+    end
+    return n
+end
+
+function M.env_string(name, default)
+    local v = os.getenv(name)
+    if v == nil or v == '' then
+        return default
+    end
+    return v
+end
+
+function M.is_writable()
+    return box.info.ro == false
+end
+
+return M

@@ -1,0 +1,112 @@
+#!/usr/bin/env tarantool
+local tap = require('tap')
+local fiber = require('fiber')
+local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'helper.lua')
+helper.start()
+local F = require('smartcache.schema').F.sessions
+
+local test = tap.test('sessions')
+test:plan(9)
+
+local SID = '6f1c2a3b-4c5d-4e6f-8a9b-0c1d2e3f4a5b'
+
+test:test('create then get returns the data', function(t)
+    t:plan(6)
+    local r = sc.session_create(SID, 'client-1', '5.2', 60, {step = 1})
+    t:is(r.status, 'OK', 'created')
+    t:is(r.rev, 1, 'rev starts at 1')
+    t:is(sc.session_create(SID, 'client-1', nil, nil, nil).status, 'ALREADY_EXISTS', 'second create refused')
+    r = sc.session_get(SID)
+    t:is(r.status, 'OK', 'found')
+    t:is(r.client_id, 'client-1', 'client id')
+    t:is(r.data.step, 1, 'data')
+end)
+
+test:test('bad arguments are BAD_REQUEST, not errors', function(t)
+    t:plan(3)
+    t:is(sc.session_create(SID .. 'x', 42).status, 'BAD_REQUEST', 'client id must be a string')
+    t:is(sc.session_create('x', 'c', nil, -5).status, 'BAD_REQUEST', 'negative ttl')
+    t:is(sc.session_list(nil).status, 'BAD_REQUEST', 'list needs a client')
+end)
+
+test:test('get slides the deadline', function(t)
+    t:plan(2)
+    helper.age('sessions', F.expires_at, 50 * 1000, {F.updated_at})
+    local before = box.space.sessions:get(SID)[F.expires_at]
+    local r = sc.session_get(SID)
+    t:ok(box.space.sessions:get(SID)[F.expires_at] > before + 40 * 1000, 'deadline pushed to now + ttl')
+    t:ok(r.expires_in_ms > 59 * 1000, 'expires_in_ms is the full ttl again')
+end)
+
+test:test('an expired session is invisible before the sweeper runs', function(t)
+    t:plan(5)
+    local id = 'aaaaaaaa-0000-4000-8000-000000000001'
+    require('smartcache.expiry').paused = true
+    sc.session_create(id, 'client-2', nil, 1, 'x')
+    -- Move the deadline just into the past, keeping the sweeper asleep long enough to look.
+    box.space.sessions:update(id, {{'=', F.expires_at, require('smartcache.util').now_ms() - 1}})
+    t:ok(box.space.sessions:get(id) ~= nil, 'tuple still stored')
+    t:is(sc.session_get(id).status, 'NOT_FOUND', 'get says NOT_FOUND')
+    t:is(sc.session_touch(id).status, 'NOT_FOUND', 'touch says NOT_FOUND')
+    t:is(sc.session_update(id, 'y').status, 'NOT_FOUND', 'update says NOT_FOUND')
+    t:is(#sc.session_list('client-2').sessions, 0, 'not listed')
+    require('smartcache.expiry').paused = false
+end)
+
+test:test('touch refreshes without reading', function(t)
+    t:plan(2)
+    local r = sc.session_touch(SID)
+    t:is(r.status, 'OK', 'touched')
+    t:is(sc.session_touch('no-such').status, 'NOT_FOUND', 'missing')
+end)
+
+test:test('update with compare-and-set', function(t)
+    t:plan(6)
+    local r = sc.session_update(SID, {step = 2}, 1)
+    t:is(r.status, 'OK', 'expected rev 1 matches')
+    t:is(r.rev, 2, 'rev is now 2')
+    r = sc.session_update(SID, {step = 3}, 1)
+    t:is(r.status, 'CONFLICT', 'stale expected rev conflicts')
+    t:is(r.rev, 2, 'conflict reports the current rev')
+    t:is(sc.session_get(SID).data.step, 2, 'conflicting update changed nothing')
+    t:is(sc.session_update(SID, {step = 4}).rev, 3, 'update without expected rev always applies')
+end)
+
+test:test('delete cascades to the session cache', function(t)
+    t:plan(5)
+    t:is(sc.cache_put(SID, 'k1', 1, 60, 'v1').status, 'OK', 'cache put 1')
+    t:is(sc.cache_put(SID, 'k2', 1, 60, 'v2').status, 'OK', 'cache put 2')
+    local r = sc.session_delete(SID)
+    t:is(r.status, 'OK', 'deleted')
+    t:is(r.cache_deleted, 2, 'two cache entries went with it')
+    t:is(box.space.cache.index.primary:count({SID}), 0, 'no cache entries left')
+end)
+
+test:test('list returns a client live sessions only', function(t)
+    t:plan(2)
+    for i = 1, 3 do
+        sc.session_create('bbbbbbbb-0000-4000-8000-00000000000' .. i, 'client-3', 'v', 60, i)
+    end
+    sc.session_create('bbbbbbbb-0000-4000-8000-000000000009', 'client-4', 'v', 60, 9)
+    local r = sc.session_list('client-3')
+    t:is(#r.sessions, 3, 'three sessions')
+    t:is(r.sessions[1].version, 'v', 'with their fields')
+end)
+
+test:test('the sweeper removes expired sessions and their cache', function(t)
+    t:plan(3)
+    local id = 'cccccccc-0000-4000-8000-000000000001'
+    sc.session_create(id, 'client-5', nil, 60, 'x')
+    sc.cache_put(id, 'k', 0, 60, 'v')
+    local before = require('smartcache.expiry').expired.sessions
+    box.space.sessions:update(id, {{'=', F.expires_at, 1}})
+    local deadline = fiber.clock() + 5
+    while box.space.sessions:get(id) ~= nil and fiber.clock() < deadline do
+        fiber.sleep(0.05)
+    end
+    t:is(box.space.sessions:get(id), nil, 'session swept')
+    t:is(box.space.cache:get({id, 'k'}), nil, 'its cache swept with it')
+    t:ok(require('smartcache.expiry').expired.sessions > before, 'counted')
+end)
+
+helper.finish(test)
