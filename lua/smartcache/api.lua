@@ -74,7 +74,13 @@ table.sort(M.names)
 function M.register(service_user, service_password)
     box.schema.role.create(M.ROLE, {if_not_exists = true})
     for _, name in ipairs(M.names) do
-        box.schema.func.create(name, {if_not_exists = true})
+        -- setuid: a procedure runs with its owner's (admin's) rights, so the
+        -- service user needs execute on it and no rights on any space.
+        local existing = box.space._func.index.name:get(name)
+        if existing ~= nil and existing[4] ~= 1 then
+            box.schema.func.drop(name)
+        end
+        box.schema.func.create(name, {setuid = true, if_not_exists = true})
         box.schema.role.grant(M.ROLE, 'execute', 'function', name, {if_not_exists = true})
     end
     if service_user ~= nil then

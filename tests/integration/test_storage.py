@@ -1,0 +1,101 @@
+"""The Tarantool application as the service sees it: replication, rights, restarts, operator HTTP."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+
+import httpx
+import pytest
+import tarantool
+
+from service.devstack import Tarantool
+from tests.conftest import call, connect
+
+
+def _wait_for(predicate, timeout_s: float = 10.0):  # noqa: ANN001, ANN202 - tiny poll helper
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_write_on_master_is_read_on_replica_which_refuses_writes(storage_pair: tuple[Tarantool, Tarantool]) -> None:
+    master, replica = storage_pair
+    sid = str(uuid.uuid4())
+    with connect(master) as m, connect(replica) as r:
+        assert call(m, "session_create", sid, "client-repl", "5.2", 60, {"step": 1})["status"] == "OK"
+        got = _wait_for(lambda: (res := call(r, "session_get", sid))["status"] == "OK" and res)
+        assert got["client_id"] == "client-repl"
+        assert got["data"] == {"step": 1}
+        with pytest.raises(tarantool.DatabaseError, match="read-only"):
+            call(r, "session_create", str(uuid.uuid4()), "client-repl", "5.2", 60, None)
+
+
+def test_service_user_may_only_execute_procedures(storage_pair: tuple[Tarantool, Tarantool]) -> None:
+    master, _ = storage_pair
+    with connect(master) as m:
+        with pytest.raises(tarantool.DatabaseError, match="denied"):
+            m.eval("return 1")
+        with pytest.raises(tarantool.DatabaseError):
+            m.select("sessions")
+        assert call(m, "ping")["status"] == "OK"
+
+
+def test_replica_reports_replication_in_stats(storage_pair: tuple[Tarantool, Tarantool]) -> None:
+    _, replica = storage_pair
+    with connect(replica) as r:
+        stats = call(r, "stats")
+    assert stats["read_only"] is True
+    assert stats["schema_version"] == 1
+    assert stats["replication"][0]["upstream_status"] == "follow"
+    assert set(stats["spaces"]) == {"sessions", "cache", "device", "prewarm"}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_every_acknowledged_session_survives_a_restart(fresh_master: Tarantool, sig: signal.Signals) -> None:
+    ids = [str(uuid.uuid4()) for _ in range(200)]
+    with connect(fresh_master) as m:
+        for i, sid in enumerate(ids):
+            assert call(m, "session_create", sid, f"client-{i % 7}", "1", 600, {"n": i})["status"] == "OK"
+    fresh_master.stop(sig)
+    fresh_master.start()
+    fresh_master.wait_ready()
+    with connect(fresh_master) as m:
+        found = [call(m, "session_get", sid) for sid in ids]
+    assert all(r["status"] == "OK" for r in found)
+    assert [r["data"]["n"] for r in found] == list(range(200))
+
+
+def test_operator_http_answers_the_four_routes(storage_pair: tuple[Tarantool, Tarantool]) -> None:
+    master, replica = storage_pair
+    sid = str(uuid.uuid4())
+    with connect(master) as m:
+        call(m, "session_create", sid, "client-http", "7.0", 60, {"k": "v"})
+    with httpx.Client(base_url=master.http_url, timeout=5) as h:
+        health = h.get("/health")
+        assert health.status_code == 200
+        assert health.json()["role"] == "master"
+        metrics = h.get("/metrics")
+        assert metrics.status_code == 200
+        assert 'smartcache_tarantool_tuples{space="sessions"}' in metrics.text
+        assert "smartcache_tarantool_wal_errors_total 0" in metrics.text
+        session = h.get(f"/sessions/{sid}")
+        assert session.status_code == 200
+        assert session.json()["client_id"] == "client-http"
+        assert session.json()["data"] == {"k": "v"}
+        listing = h.get("/clients/client-http/sessions")
+        assert [s["session_id"] for s in listing.json()["sessions"]] == [sid]
+        assert h.get(f"/sessions/{uuid.uuid4()}").status_code == 404
+        assert h.get("/nowhere").status_code == 404
+        assert h.post("/health").status_code == 405
+    with httpx.Client(base_url=replica.http_url, timeout=5) as h:
+        health = h.get("/health").json()
+        assert health["role"] == "replica"
+        assert health["read_only"] is True
+        assert health["replication"][0]["upstream_status"] == "follow"
+        assert "smartcache_tarantool_replication_lag_seconds" in h.get("/metrics").text
