@@ -91,7 +91,7 @@ def _decode_reply(frames: list[bytes]) -> Reply:
     if len(frames) != 2:
         raise RequestError("BAD_FRAMES", f"reply has {len(frames)} frames, expected 2")
     try:
-        reply = Reply(decode_header(frames[0]), decode_body(frames[1]))
+        reply = Reply(decode_header(frames[0], check_type=False), decode_body(frames[1]))
     except ProtocolError as e:
         raise RequestError(e.transport_error, f"undecodable reply: {e}") from e
     if reply.header.transport_error:

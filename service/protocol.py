@@ -79,6 +79,7 @@ class MessageSpec:
     reply: tuple[FieldSpec, ...]
     statuses: tuple[str, ...]
     doc: str
+    max_busy_percent: int
 
     def check_request(self, body: Mapping[str, Any]) -> str | None:
         """Return why ``body`` is not a valid request of this type, or None."""
@@ -147,6 +148,7 @@ def load_registry(path: Path = REGISTRY_PATH) -> Registry:
             reply=_fields(t["reply"]),
             statuses=tuple(t["statuses"]),
             doc=t["doc"],
+            max_busy_percent=int(t["max_busy_percent"]),
         )
     transport_errors = _codes(raw["transport_errors"])
     for what, table in (("type", {t.name: t.id for t in types.values()}), ("status", statuses),
@@ -206,6 +208,18 @@ class Header(NamedTuple):
                              session_id=self.session_id if session_id is None else session_id)
 
 
+def loose_header(frame: bytes) -> Header:
+    """Whatever can be read from a frame that failed validation, to address an error reply.
+
+    A 36-byte frame keeps its type, lifetime, request id and session; anything
+    else gives a zero header. Version and system are always ours.
+    """
+    if len(frame) != HEADER_STRUCT.size:
+        return Header(REGISTRY.version, SYSTEM_SMARTCACHE, 0, 0, 0, 0, 0, NO_SESSION)
+    _, _, type_id, _, _, _, lifetime_ms, request_id, session_id = HEADER_STRUCT.unpack(frame)
+    return Header(REGISTRY.version, SYSTEM_SMARTCACHE, type_id, 0, 0, lifetime_ms, request_id, session_id)
+
+
 def encode_header(h: Header) -> bytes:
     """Pack a header; raises BadHeader for out-of-range fields."""
     try:
@@ -215,12 +229,13 @@ def encode_header(h: Header) -> bytes:
         raise BadHeader(f"cannot encode header: {e}") from e
 
 
-def decode_header(frame: bytes, registry: Registry = REGISTRY) -> Header:
+def decode_header(frame: bytes, registry: Registry = REGISTRY, *, check_type: bool = True) -> Header:
     """Unpack and validate a header frame.
 
     Raises BadHeader, UnsupportedVersion, UnknownSystem or UnknownType; every
     error after the size check carries the decoded header so the sender can be
-    answered with its own request id.
+    answered with its own request id. ``check_type=False`` accepts any type id
+    (a client reading an error reply to a type the service did not know).
     """
     if len(frame) != HEADER_STRUCT.size:
         raise BadHeader(f"header is {len(frame)} bytes, expected {HEADER_STRUCT.size}")
@@ -236,7 +251,7 @@ def decode_header(frame: bytes, registry: Registry = REGISTRY) -> Header:
         raise BadHeader(f"reserved bits set (flags={flags:#04x}, reserved={reserved:#04x})", header=h)
     if terr not in registry.transport_error_names:
         raise BadHeader(f"unknown transport error {terr}", header=h)
-    if type_id not in registry.types_by_id:
+    if check_type and type_id not in registry.types_by_id:
         raise UnknownType(f"unknown message type {type_id}", header=h)
     return h
 

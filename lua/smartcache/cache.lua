@@ -28,13 +28,13 @@ function M.put(session_id, key, data_type, ttl_s, data)
     if err ~= nil then
         return util.bad_request(err)
     end
-    local ttl = ttl_s and ttl_s * 1000 or config.cache_ttl_ms
+    local ttl = util.opt(ttl_s, config.cache_ttl_ms / 1000) * 1000
     return box.atomic(function()
         local bad = check_scope(session_id, key, now)
         if bad ~= nil then
             return bad
         end
-        box.space.cache:replace({session_id, key, data_type or 0, now, ttl, now + ttl, data})
+        box.space.cache:replace({session_id, key, util.opt(data_type, 0), now, ttl, now + ttl, data})
         return util.result('OK', {expires_in_ms = ttl})
     end)
 end

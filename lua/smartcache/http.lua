@@ -8,6 +8,7 @@ local socket = require('socket')
 local json = require('json')
 local log = require('log')
 local digest = require('digest')
+local msgpack = require('msgpack')
 local stats = require('smartcache.stats')
 local expiry = require('smartcache.expiry')
 local util = require('smartcache.util')
@@ -38,7 +39,7 @@ local function to_json(value)
         for k, v in pairs(value) do
             copy[k] = v
         end
-        copy.data, copy.data_base64 = nil, digest.base64_encode(tostring(json.encode(value.data) or ''))
+        copy.data, copy.data_msgpack_base64 = nil, digest.base64_encode(msgpack.encode(value.data))
         return json.encode(copy)
     end
     return json.encode({error = 'unencodable'})

@@ -40,7 +40,7 @@ function M.create(id, client_id, version, ttl_s, data)
         if live(id, now) ~= nil then
             return util.result('ALREADY_EXISTS')
         end
-        box.space.sessions:replace({id, client_id, version or '', 1, now, ttl, now + ttl, data})
+        box.space.sessions:replace({id, client_id, util.opt(version, ''), 1, now, ttl, now + ttl, data})
         return util.result('OK', {expires_in_ms = ttl, rev = 1})
     end)
 end

@@ -42,6 +42,15 @@ function M.check_positive(value, name, max, optional)
     return nil
 end
 
+-- An optional argument: msgpack nil arrives as box.NULL, which is truthy in
+-- Lua, so `x or default` is wrong for it; use opt(x, default).
+function M.opt(value, default)
+    if value == nil then  -- true for both nil and box.NULL
+        return default
+    end
+    return value
+end
+
 -- Environment settings with defaults.
 function M.env_number(name, default)
     local v = os.getenv(name)

@@ -1,0 +1,342 @@
+"""The broker: one thread, two ROUTER sockets, one poll loop.
+
+Clients talk to ``settings.listen`` (tcp); worker threads to
+``inproc://workers``. The broker parses and validates headers only, answers
+PING itself, queues everything else in the priority queue, and hands the most
+urgent message to a free worker slot. It does no business logic. Replies come
+back through it to the client address saved in the message's holder.
+
+Shutdown (``stop``): new messages are answered SHUTTING_DOWN; queued and
+running ones get up to ``drain_timeout_s`` to finish; whatever is left is
+answered SHUTTING_DOWN; then the sockets close, flushing replies. Every
+accepted message gets exactly one answer (none for NO_REPLY ones).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import structlog
+import zmq
+
+from service.config import Settings
+from service.errors import ProtocolError
+from service.metrics import Metrics
+from service.protocol import (
+    FLAG_DATA_ERROR,
+    FLAG_NO_REPLY,
+    REGISTRY,
+    STATUS,
+    TRANSPORT_ERROR,
+    Header,
+    decode_header,
+    encode_body,
+    encode_header,
+    error_body,
+    loose_header,
+)
+from service.queue import Holder, PriorityQueue, QueueFull
+from service.workers import CREDIT, DONE, READY, REPLY, TICKET, WORKERS_ENDPOINT
+
+log = structlog.get_logger("broker")
+
+IDLE_POLL_MS = 1000
+STOP_POLL_MS = 20
+CLIENT_BATCH = 512  # client messages read per loop turn, so workers' replies are not starved
+FRONTEND_HWM = 100_000
+FLUSH_LINGER_MS = 2000
+_PING = REGISTRY.types["PING"].id
+_APP_START = REGISTRY.types["APP_START"].id
+_MAX_LIFETIME_S = REGISTRY.max_lifetime_ms / 1000
+
+
+class Broker:
+    """The broker thread. ``start`` binds and runs it; ``stop`` begins the drain; ``join`` waits."""
+
+    def __init__(self, *, settings: Settings, context: zmq.Context[Any], metrics: Metrics) -> None:
+        self._settings = settings
+        self._ctx = context
+        self._metrics = metrics
+        self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
+        self._bound = threading.Event()
+        self._control_endpoint = f"inproc://broker-control-{id(self)}"
+        self.endpoint = ""
+        self.error: BaseException | None = None
+        self.queue = PriorityQueue(
+            capacity=settings.queue_capacity,
+            priorities={t.id: t.priority for t in REGISTRY.types.values()},
+            limits={t.id: settings.bulkheads.get(t.name, settings.workers) for t in REGISTRY.types.values()},
+        )
+        self._free: deque[bytes] = deque()  # one worker identity per free slot
+        self._inflight: dict[bytes, Holder] = {}  # ticket -> holder
+        self._seq = itertools.count(1)
+        self._stopping = False
+        self._drain_deadline = 0.0
+        self._frontend: zmq.Socket[Any] | None = None
+        self._backend: zmq.Socket[Any] | None = None
+        self._type_names = {t.id: t.name for t in REGISTRY.types.values()}
+        self._durations = {t.id: metrics.duration.labels(t.name) for t in REGISTRY.types.values()}
+        self._outcomes: dict[tuple[int, str], Any] = {}
+        metrics.queue_capacity.set(settings.queue_capacity)
+        metrics.watch(metrics.queue_depth, lambda: len(self.queue))
+        metrics.watch(metrics.workers_busy, lambda: len(self._inflight))
+        for t in REGISTRY.types.values():
+            metrics.watch(metrics.workers_busy_by_type.labels(t.name), lambda t=t.id: self.queue.running[t])
+            metrics.bulkhead_limit.labels(t.name).set(self.queue.limits[t.id])
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread and wait until the sockets are bound (raises if binding failed)."""
+        self._thread.start()
+        self._bound.wait()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """Begin the drain (safe from any thread)."""
+        sock = self._ctx.socket(zmq.PAIR)
+        try:
+            sock.connect(self._control_endpoint)
+            sock.send(b"STOP")
+        finally:
+            sock.close(linger=1000)
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- the loop --------------------------------------------------------------
+
+    def _run(self) -> None:
+        ctx = self._ctx
+        frontend = self._frontend = ctx.socket(zmq.ROUTER)
+        backend = self._backend = ctx.socket(zmq.ROUTER)
+        control = ctx.socket(zmq.PAIR)
+        try:
+            frontend.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            frontend.setsockopt(zmq.SNDHWM, FRONTEND_HWM)
+            frontend.setsockopt(zmq.RCVHWM, FRONTEND_HWM)
+            frontend.bind(self._settings.listen)
+            self.endpoint = frontend.getsockopt_string(zmq.LAST_ENDPOINT)
+            backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            backend.setsockopt(zmq.SNDHWM, 0)
+            backend.setsockopt(zmq.RCVHWM, 0)
+            backend.bind(WORKERS_ENDPOINT)
+            control.bind(self._control_endpoint)
+        except zmq.ZMQError as e:
+            self.error = e
+            self._bound.set()
+            for s in (frontend, backend, control):
+                s.close(linger=0)
+            return
+        self._bound.set()
+        log.info("broker_listening", endpoint=self.endpoint, queue_capacity=self.queue.capacity)
+        try:
+            self._loop(frontend, backend, control)
+        except Exception:
+            log.exception("broker_crashed")
+            raise
+        finally:
+            frontend.close(linger=FLUSH_LINGER_MS)
+            backend.close(linger=0)
+            control.close(linger=0)
+            log.info("broker_stopped")
+
+    def _loop(self, frontend: zmq.Socket[Any], backend: zmq.Socket[Any], control: zmq.Socket[Any]) -> None:
+        poller = zmq.Poller()
+        poller.register(backend, zmq.POLLIN)
+        poller.register(frontend, zmq.POLLIN)
+        poller.register(control, zmq.POLLIN)
+        queue = self.queue
+        while True:
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            if backend in events:
+                self._from_workers(backend, frontend)
+            if frontend in events:
+                self._from_clients(frontend)
+            if control in events:
+                control.recv()
+                self._begin_stop()
+            now = time.monotonic()
+            if queue.depth:
+                for h in queue.expire(now):
+                    self._refuse(h, "EXPIRED", "lifetime ended before a worker was free", "expired")
+            self._dispatch(backend, now)
+            if self._stopping and (not queue.depth and not self._inflight or now >= self._drain_deadline):
+                self._finish(frontend)
+                return
+
+    def _poll_timeout_ms(self) -> int:
+        if self._stopping:
+            return STOP_POLL_MS
+        deadline = self.queue.next_deadline() if self.queue.depth else None
+        if deadline is None:
+            return IDLE_POLL_MS
+        return max(0, min(IDLE_POLL_MS, int((deadline - time.monotonic()) * 1000) + 1))
+
+    # -- clients ---------------------------------------------------------------
+
+    def _from_clients(self, frontend: zmq.Socket[Any]) -> None:
+        for _ in range(CLIENT_BATCH):
+            try:
+                frames = frontend.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._accept(frames, time.monotonic())
+
+    def _accept(self, frames: list[bytes], now: float) -> None:
+        # [identity, (empty delimiter from a REQ client), header, body]
+        split = 2 if len(frames) > 2 and frames[1] == b"" else 1
+        envelope, payload = frames[:split], frames[split:]
+        if len(payload) != 2:
+            self._bad_input(envelope, payload[0] if payload else b"", "BAD_FRAMES",
+                            f"expected 2 frames (header, body), got {len(payload)}")
+            return
+        header_frame, body = payload
+        try:
+            header = decode_header(header_frame)
+        except ProtocolError as e:
+            self._bad_input(envelope, header_frame, e.transport_error, str(e))
+            return
+        if header.transport_error:
+            self._bad_input(envelope, header_frame, "BAD_HEADER", "transport_error must be 0 from clients")
+            return
+        no_reply = bool(header.flags & FLAG_NO_REPLY) or header.type == _APP_START
+        if len(body) > self._settings.max_body_bytes:
+            self._bad_input(envelope, header_frame, "BODY_TOO_LARGE",
+                            f"body is {len(body)} bytes, limit {self._settings.max_body_bytes}", no_reply)
+            return
+        if self._stopping:
+            self._answer_error(envelope, header, "SHUTTING_DOWN", "service is stopping", no_reply)
+            self._metrics.rejections.labels("shutting_down").inc()
+            return
+        if header.type == _PING:
+            if not no_reply:
+                self._send(envelope, encode_header(header.reply()),
+                           encode_body({"status": STATUS["OK"], "time_ms": int(time.time() * 1000)}))
+            self._count(header.type, "OK")
+            self._durations[header.type].observe(time.monotonic() - now)
+            return
+        spec = REGISTRY.types_by_id[header.type]
+        lifetime_s = min(header.lifetime_ms / 1000 if header.lifetime_ms else spec.lifetime_ms / 1000, _MAX_LIFETIME_S)
+        h = Holder(seq=next(self._seq), priority=spec.priority, type_id=header.type, arrived=now,
+                   deadline=now + lifetime_s, envelope=envelope, header=header_frame, body=body,
+                   request_id=header.request_id, no_reply=no_reply)
+        try:
+            victim = self.queue.push(h)
+        except QueueFull:
+            self._refuse(h, "QUEUE_FULL", f"queue full ({self.queue.capacity})", "full")
+            return
+        if victim is not None:
+            self._refuse(victim, "QUEUE_FULL", "evicted by a more urgent message", "evicted")
+
+    def _bad_input(self, envelope: list[bytes], header_frame: bytes, error: str, message: str,
+                   no_reply: bool = False) -> None:
+        self._metrics.bad_input.labels(error).inc()
+        header = loose_header(header_frame)
+        self._answer_error(envelope, header, error, message, no_reply)
+
+    def _refuse(self, h: Holder, error: str, message: str, reason: str) -> None:
+        """Answer a holder that will not be executed."""
+        self._metrics.rejections.labels(reason).inc()
+        self._answer_error(h.envelope, loose_header(h.header), error, message, h.no_reply)
+        self._durations[h.type_id].observe(time.monotonic() - h.arrived)
+
+    def _answer_error(self, envelope: list[bytes], header: Header, error: str, message: str,
+                      no_reply: bool) -> None:
+        self._count(header.type, error)
+        if no_reply:
+            return
+        h = header.reply(transport_error=TRANSPORT_ERROR[error], flags=FLAG_DATA_ERROR)
+        self._send(envelope, encode_header(h), encode_body(error_body("ERROR", error, message)))
+
+    def _send(self, envelope: list[bytes], header: bytes, body: bytes) -> None:
+        assert self._frontend is not None
+        try:
+            self._frontend.send_multipart([*envelope, header, body], zmq.NOBLOCK)
+        except zmq.Again:
+            self._metrics.dropped_replies.labels("client_backlog").inc()
+        except zmq.ZMQError as e:
+            if e.errno != errno.EHOSTUNREACH:
+                raise
+            self._metrics.dropped_replies.labels("client_gone").inc()
+
+    def _count(self, type_id: int, outcome: str) -> None:
+        key = (type_id, outcome)
+        child = self._outcomes.get(key)
+        if child is None:
+            name = self._type_names.get(type_id, "UNKNOWN")
+            child = self._outcomes[key] = self._metrics.messages.labels(name, outcome)
+        child.inc()
+
+    # -- workers ---------------------------------------------------------------
+
+    def _from_workers(self, backend: zmq.Socket[Any], frontend: zmq.Socket[Any]) -> None:
+        while True:
+            try:
+                frames = backend.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            wid, kind = frames[0], frames[1]
+            if kind == READY:
+                self._free.extend([wid] * CREDIT.unpack(frames[2])[0])
+                log.info("worker_ready", worker=wid.decode(), slots=CREDIT.unpack(frames[2])[0])
+                continue
+            self._free.append(wid)
+            h = self._inflight.pop(frames[2], None)
+            if h is None:  # already answered SHUTTING_DOWN at the drain deadline
+                continue
+            self.queue.done(h)
+            if kind == REPLY and not h.no_reply:
+                self._send(h.envelope, frames[3], frames[4])
+            elif kind != DONE and kind != REPLY:
+                log.error("worker_protocol_error", kind=kind)
+            self._durations[h.type_id].observe(time.monotonic() - h.arrived)
+
+    def _dispatch(self, backend: zmq.Socket[Any], now: float) -> None:
+        free, queue, inflight = self._free, self.queue, self._inflight
+        while free and queue.depth:
+            h = queue.pop_ready()
+            if h is None:
+                return
+            left_ms = int((h.deadline - now) * 1000)
+            if left_ms <= 0:
+                queue.done(h)
+                self._refuse(h, "EXPIRED", "lifetime ended before a worker was free", "expired")
+                continue
+            ticket = TICKET.pack(h.seq, left_ms)
+            inflight[ticket] = h
+            backend.send_multipart([free.popleft(), ticket, h.header, h.body])
+
+    # -- shutdown --------------------------------------------------------------
+
+    def _begin_stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self._drain_deadline = time.monotonic() + self._settings.drain_timeout_s
+            log.info("broker_draining", queued=len(self.queue), running=len(self._inflight),
+                     drain_timeout_s=self._settings.drain_timeout_s)
+
+    def _finish(self, frontend: zmq.Socket[Any]) -> None:
+        left = list(self.queue.drain())
+        for h in left:
+            self._refuse(h, "SHUTTING_DOWN", "service stopped before this message ran", "shutting_down")
+        for h in self._inflight.values():
+            self.queue.done(h)
+            self._refuse(h, "SHUTTING_DOWN", "service stopped before this message finished", "shutting_down")
+        if left or self._inflight:
+            log.warning("broker_drain_incomplete", queued=len(left), running=len(self._inflight))
+        self._inflight.clear()
+        # Whatever clients sent before we stopped listening still gets its answer.
+        with contextlib.suppress(zmq.ZMQError):
+            frontend.setsockopt(zmq.RCVTIMEO, 0)
+            self._from_clients(frontend)

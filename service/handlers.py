@@ -1,0 +1,111 @@
+"""Business logic per message type: a body in, a stored procedure call, a result out.
+
+Each handler gets a validated :class:`Request` (body fields checked against the
+registry) and returns the procedure's result map, whose ``status`` is a status
+name. Workers turn it into the reply. Prewarm types live in service/prewarm.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.protocol import NO_SESSION, Header, MessageSpec
+from service.storage import Storage
+
+
+def session_text(sid: bytes) -> str:
+    """16 raw bytes as canonical UUID text ('' for no session)."""
+    if sid == NO_SESSION:
+        return ""
+    h = sid.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+@dataclass(slots=True)
+class Request:
+    header: Header
+    spec: MessageSpec
+    body: dict[str, Any]
+    timeout_s: float
+    #: set by a handler to answer with another session id (SESSION_CREATE)
+    reply_session: bytes | None = field(default=None)
+
+    @property
+    def session(self) -> str:
+        return session_text(self.header.session_id)
+
+
+Handler = Callable[[Request, Storage], Awaitable[dict[str, Any]]]
+
+
+async def session_create(req: Request, storage: Storage) -> dict[str, Any]:
+    sid = req.header.session_id if req.header.session_id != NO_SESSION else uuid.uuid4().bytes
+    req.reply_session = sid
+    b = req.body
+    return await storage.call("session_create", [session_text(sid), b["client_id"], b.get("version"),
+                                                 b.get("ttl_s"), b.get("data")], req.timeout_s)
+
+
+async def session_get(req: Request, storage: Storage) -> dict[str, Any]:
+    return await storage.call("session_get", [req.session], req.timeout_s)
+
+
+async def session_touch(req: Request, storage: Storage) -> dict[str, Any]:
+    return await storage.call("session_touch", [req.session], req.timeout_s)
+
+
+async def session_update(req: Request, storage: Storage) -> dict[str, Any]:
+    b = req.body
+    return await storage.call("session_update", [req.session, b["data"], b.get("expected_rev"), b.get("version")],
+                              req.timeout_s)
+
+
+async def session_delete(req: Request, storage: Storage) -> dict[str, Any]:
+    return await storage.call("session_delete", [req.session], req.timeout_s)
+
+
+async def session_list(req: Request, storage: Storage) -> dict[str, Any]:
+    result = await storage.call("session_list", [req.body["client_id"]], req.timeout_s)
+    for s in result.get("sessions", ()):
+        s["session_id"] = uuid.UUID(s["session_id"]).bytes  # wire form: 16 raw bytes
+    return result
+
+
+async def cache_put(req: Request, storage: Storage) -> dict[str, Any]:
+    b = req.body
+    return await storage.call("cache_put", [req.session, b["key"], b.get("data_type"), b.get("ttl_s"), b["data"]],
+                              req.timeout_s)
+
+
+async def cache_get(req: Request, storage: Storage) -> dict[str, Any]:
+    return await storage.call("cache_get", [req.session, req.body["key"]], req.timeout_s)
+
+
+async def cache_delete(req: Request, storage: Storage) -> dict[str, Any]:
+    return await storage.call("cache_delete", [req.session, req.body["key"]], req.timeout_s)
+
+
+async def device_bind(req: Request, storage: Storage) -> dict[str, Any]:
+    return await storage.call("device_bind", [req.body["device_id"], req.body["client_id"]], req.timeout_s)
+
+
+async def device_lookup(req: Request, storage: Storage) -> dict[str, Any]:
+    return await storage.call("device_lookup", [req.body["device_id"]], req.timeout_s)
+
+
+HANDLERS: dict[str, Handler] = {
+    "SESSION_CREATE": session_create,
+    "SESSION_GET": session_get,
+    "SESSION_TOUCH": session_touch,
+    "SESSION_UPDATE": session_update,
+    "SESSION_DELETE": session_delete,
+    "SESSION_LIST": session_list,
+    "CACHE_PUT": cache_put,
+    "CACHE_GET": cache_get,
+    "CACHE_DELETE": cache_delete,
+    "DEVICE_BIND": device_bind,
+    "DEVICE_LOOKUP": device_lookup,
+}
