@@ -14,6 +14,7 @@ accepted message gets exactly one answer (none for NO_REPLY ones).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import itertools
@@ -42,12 +43,13 @@ from service.protocol import (
     loose_header,
 )
 from service.queue import Holder, PriorityQueue, QueueFull
-from service.workers import CREDIT, DONE, READY, REPLY, TICKET, WORKERS_ENDPOINT
+from service.zmqio import readable, recv_frames, send_frames
+from service.workers import CREDIT, DONE, READY, REPLY, TICKET, WORKERS_ENDPOINT, Worker
 
 log = structlog.get_logger("broker")
 
-IDLE_POLL_MS = 1000
-STOP_POLL_MS = 20
+STOP_POLL_S = 0.02
+STOP_GRACE_S = 5.0
 CLIENT_BATCH = 512  # client messages read per loop turn, so workers' replies are not starved
 FRONTEND_HWM = 100_000
 FLUSH_LINGER_MS = 2000
@@ -59,8 +61,15 @@ _MAX_LIFETIME_S = REGISTRY.max_lifetime_ms / 1000
 class Broker:
     """The broker thread. ``start`` binds and runs it; ``stop`` begins the drain; ``join`` waits."""
 
-    def __init__(self, *, settings: Settings, context: zmq.Context[Any], metrics: Metrics) -> None:
+    def __init__(self, *, settings: Settings, context: zmq.Context[Any], metrics: Metrics,
+                 local_workers: list[Worker] | None = None) -> None:
+        """local_workers run on the broker's own event loop (worker_threads = 0)."""
         self._settings = settings
+        self._local_workers = local_workers or []
+        self._loop: asyncio.AbstractEventLoop  # set in _main, on the broker thread
+        self._finished: asyncio.Future[None]  # set in _main
+        self._timer: asyncio.TimerHandle | None = None
+        self._control: zmq.Socket[Any] | None = None
         self._ctx = context
         self._metrics = metrics
         self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
@@ -115,12 +124,20 @@ class Broker:
         return self._thread.is_alive()
 
     # -- the loop --------------------------------------------------------------
+    #
+    # An asyncio loop in the broker thread drives everything: the sockets' FDs
+    # (edge-triggered: after any socket operation, EVENTS must be re-checked,
+    # which _rearm does), one timer for the next queue deadline, and the
+    # workers that share this loop (worker_threads = 0).
 
     def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
         ctx = self._ctx
         frontend = self._frontend = ctx.socket(zmq.ROUTER)
         backend = self._backend = ctx.socket(zmq.ROUTER)
-        control = ctx.socket(zmq.PAIR)
+        control = self._control = ctx.socket(zmq.PAIR)
         try:
             frontend.setsockopt(zmq.ROUTER_MANDATORY, 1)
             frontend.setsockopt(zmq.SNDHWM, FRONTEND_HWM)
@@ -135,63 +152,103 @@ class Broker:
         except zmq.ZMQError as e:
             self.error = e
             self._bound.set()
-            for s in (frontend, backend, control):
-                s.close(linger=0)
+            for sock in (frontend, backend, control):
+                sock.close(linger=0)
             return
+        loop = self._loop = asyncio.get_running_loop()
+        self._finished = loop.create_future()
+        workers = [loop.create_task(w.run()) for w in self._local_workers]
         self._bound.set()
         log.info("broker_listening", endpoint=self.endpoint, queue_capacity=self.queue.capacity)
+        for sock in (frontend, backend, control):
+            loop.add_reader(sock.getsockopt(zmq.FD), self._on_event)
+        self._on_event()
         try:
-            self._loop(frontend, backend, control)
+            await self._finished
         except Exception:
             log.exception("broker_crashed")
             raise
         finally:
+            for sock in (frontend, backend, control):
+                loop.remove_reader(sock.getsockopt(zmq.FD))
+            for w in self._local_workers:
+                w.stop()
+            if workers:
+                await asyncio.wait(workers, timeout=STOP_GRACE_S)
             frontend.close(linger=FLUSH_LINGER_MS)
             backend.close(linger=0)
             control.close(linger=0)
             log.info("broker_stopped")
 
-    def _loop(self, frontend: zmq.Socket[Any], backend: zmq.Socket[Any], control: zmq.Socket[Any]) -> None:
-        poller = zmq.Poller()
-        poller.register(backend, zmq.POLLIN)
-        poller.register(frontend, zmq.POLLIN)
-        poller.register(control, zmq.POLLIN)
-        queue = self.queue
-        while True:
-            events = dict(poller.poll(self._poll_timeout_ms()))
-            if backend in events:
-                self._from_workers(backend, frontend)
-            if frontend in events:
-                self._from_clients(frontend)
-            if control in events:
+    def _on_event(self) -> None:
+        """One turn: read what is ready, expire, dispatch, re-arm. Runs on every FD wake-up and timer."""
+        if self._finished.done():
+            return
+        try:
+            self._turn()
+        except Exception as e:
+            self._finished.set_exception(e)
+
+    def _turn(self) -> None:
+        frontend, backend, control = self._frontend, self._backend, self._control
+        assert frontend is not None and backend is not None and control is not None
+        more = True
+        while more:
+            more = False
+            if readable(backend):
+                self._from_workers(backend)
+            if readable(frontend):
+                more = self._from_clients(frontend)
+            if readable(control):
                 control.recv()
                 self._begin_stop()
             now = time.monotonic()
-            if queue.depth:
-                for h in queue.expire(now):
+            if self.queue.depth:
+                for h in self.queue.expire(now):
                     self._refuse(h, "EXPIRED", "lifetime ended before a worker was free", "expired")
             self._dispatch(backend, now)
-            if self._stopping and (not queue.depth and not self._inflight or now >= self._drain_deadline):
+            if self._stopping and (not self.queue.depth and not self._inflight or now >= self._drain_deadline):
                 self._finish(frontend)
+                self._finished.set_result(None)
                 return
+            if more:  # yield to the workers on this loop before the next client batch
+                self._loop.call_soon(self._on_event)
+                break
+        else:
+            # Our own sends may have swallowed an FD edge: look once more.
+            if readable(backend) or readable(frontend) or readable(control):
+                self._loop.call_soon(self._on_event)
+        self._arm_timer()
 
-    def _poll_timeout_ms(self) -> int:
+    def _arm_timer(self) -> None:
+        """Wake at the next queue deadline (or soon, while draining)."""
         if self._stopping:
-            return STOP_POLL_MS
-        deadline = self.queue.next_deadline() if self.queue.depth else None
-        if deadline is None:
-            return IDLE_POLL_MS
-        return max(0, min(IDLE_POLL_MS, int((deadline - time.monotonic()) * 1000) + 1))
+            when: float | None = time.monotonic() + STOP_POLL_S
+        else:
+            when = self.queue.next_deadline() if self.queue.depth else None
+        if when is None:
+            return
+        if self._timer is not None:
+            if self._timer.when() <= when and not self._timer.cancelled():
+                return
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._on_event()
 
     # -- clients ---------------------------------------------------------------
 
-    def _from_clients(self, frontend: zmq.Socket[Any]) -> None:
+    def _from_clients(self, frontend: zmq.Socket[Any]) -> bool:
+        """Accept up to one batch; True when more may be waiting."""
         for _ in range(CLIENT_BATCH):
             try:
-                frames = frontend.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(frontend)
             except zmq.Again:
-                return
+                return False
             self._accept(frames, time.monotonic())
+        return True
 
     def _accept(self, frames: list[bytes], now: float) -> None:
         # [identity, (empty delimiter from a REQ client), header, body]
@@ -262,7 +319,7 @@ class Broker:
     def _send(self, envelope: list[bytes], header: bytes, body: bytes) -> None:
         assert self._frontend is not None
         try:
-            self._frontend.send_multipart([*envelope, header, body], zmq.NOBLOCK)
+            send_frames(self._frontend, [*envelope, header, body], block=False)
         except zmq.Again:
             self._metrics.dropped_replies.labels("client_backlog").inc()
         except zmq.ZMQError as e:
@@ -280,34 +337,39 @@ class Broker:
 
     # -- workers ---------------------------------------------------------------
 
-    def _from_workers(self, backend: zmq.Socket[Any], frontend: zmq.Socket[Any]) -> None:
+    def _from_workers(self, backend: zmq.Socket[Any]) -> None:
+        free, inflight, queue, now = self._free, self._inflight, self.queue, time.monotonic()
         while True:
             try:
-                frames = backend.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(backend)
             except zmq.Again:
                 return
-            wid, kind = frames[0], frames[1]
-            if kind == READY:
-                self._free.extend([wid] * CREDIT.unpack(frames[2])[0])
-                log.info("worker_ready", worker=wid.decode(), slots=CREDIT.unpack(frames[2])[0])
-                continue
-            self._free.append(wid)
-            h = self._inflight.pop(frames[2], None)
-            if h is None:  # already answered SHUTTING_DOWN at the drain deadline
-                continue
-            self.queue.done(h)
-            if kind == REPLY and not h.no_reply:
-                self._send(h.envelope, frames[3], frames[4])
-            elif kind != DONE and kind != REPLY:
-                log.error("worker_protocol_error", kind=kind)
-            self._durations[h.type_id].observe(time.monotonic() - h.arrived)
+            wid = frames[0]
+            for i in range(1, len(frames) - 3, 4):
+                kind = frames[i]
+                if kind == READY:
+                    slots = CREDIT.unpack(frames[i + 1])[0]
+                    free.extend([wid] * slots)
+                    log.info("worker_ready", worker=wid.decode(), slots=slots)
+                    continue
+                free.append(wid)
+                h = inflight.pop(frames[i + 1], None)
+                if h is None:  # already answered SHUTTING_DOWN at the drain deadline
+                    continue
+                queue.done(h)
+                if kind == REPLY and not h.no_reply:
+                    self._send(h.envelope, frames[i + 2], frames[i + 3])
+                elif kind not in (DONE, REPLY):
+                    log.error("worker_protocol_error", kind=kind)
+                self._durations[h.type_id].observe(now - h.arrived)
 
     def _dispatch(self, backend: zmq.Socket[Any], now: float) -> None:
         free, queue, inflight = self._free, self.queue, self._inflight
+        batches: dict[bytes, list[bytes]] = {}
         while free and queue.depth:
             h = queue.pop_ready()
             if h is None:
-                return
+                break
             left_ms = int((h.deadline - now) * 1000)
             if left_ms <= 0:
                 queue.done(h)
@@ -315,7 +377,14 @@ class Broker:
                 continue
             ticket = TICKET.pack(h.seq, left_ms)
             inflight[ticket] = h
-            backend.send_multipart([free.popleft(), ticket, h.header, h.body])
+            wid = free.popleft()
+            batch = batches.get(wid)
+            if batch is None:
+                batches[wid] = [wid, ticket, h.header, h.body]
+            else:
+                batch += (ticket, h.header, h.body)
+        for frames in batches.values():
+            send_frames(backend, frames)
 
     # -- shutdown --------------------------------------------------------------
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import asynctnt
 import structlog
@@ -27,17 +26,15 @@ log = structlog.get_logger("storage")
 RECONNECT_DELAY_S = 0.5
 
 
-@contextlib.contextmanager
-def map_storage_errors(procedure: str) -> Iterator[None]:
-    """Re-raise connector and timeout errors as ours."""
-    try:
-        yield
-    except TarantoolDatabaseError as e:
-        if e.code in (asynctnt.exceptions.ErrorCode.ER_READONLY,):
+def translate(procedure: str, e: Exception) -> NoReturn:
+    """Re-raise a connector, socket or timeout error as ours; anything else unchanged."""
+    if isinstance(e, TarantoolDatabaseError):
+        if e.code == asynctnt.exceptions.ErrorCode.ER_READONLY:
             raise StorageUnavailable(f"{procedure}: instance is read-only") from e
         raise ProcedureError(f"{procedure}: {e}") from e
-    except (TarantoolError, OSError, asyncio.TimeoutError) as e:
+    if isinstance(e, TarantoolError | OSError | asyncio.TimeoutError):
         raise StorageUnavailable(f"{procedure}: {type(e).__name__}: {e}") from e
+    raise e
 
 
 class Storage:
@@ -68,8 +65,10 @@ class Storage:
         self._keeper = asyncio.get_running_loop().create_task(self._keep_connected())
 
     async def _connect(self) -> None:
-        with map_storage_errors("connect"):
+        try:
             await self._conn.connect()
+        except Exception as e:
+            translate("connect", e)
         log.info("storage_connected", address=self.address)
 
     async def _keep_connected(self) -> None:
@@ -85,20 +84,29 @@ class Storage:
             self._connected_gauge.set(1 if was else 0)
             await asyncio.sleep(RECONNECT_DELAY_S)
 
-    async def call(self, procedure: str, args: list[Any], timeout_s: float) -> dict[str, Any]:
-        """Call sc.<procedure>(*args); returns its result map (status still a name)."""
+    async def call(self, procedure: str, args: list[Any]) -> dict[str, Any]:
+        """Call sc.<procedure>(*args); returns its result map (status still a name).
+
+        No timeout here: the worker cancels a call when its message's lifetime
+        ends (one sweep timer per loop is cheaper than one timer per call).
+        """
         started = time.perf_counter()
         outcome = "error"
         try:
             if not self._conn.is_connected:
                 raise StorageUnavailable(f"{procedure}: not connected to {self.address}")
-            with map_storage_errors(procedure):
-                resp = await self._conn.call("sc." + procedure, args, timeout=max(timeout_s, 0.001))
+            try:
+                resp = await self._conn.call("sc." + procedure, args)
+            except Exception as e:
+                translate(procedure, e)
             result: dict[str, Any] = resp.body[0]
             outcome = result.get("status", "error")
             return result
         except StorageUnavailable:
             outcome = "unavailable"
+            raise
+        except asyncio.CancelledError:
+            outcome = "timeout"
             raise
         finally:
             self._observe(procedure, outcome, time.perf_counter() - started)

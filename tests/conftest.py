@@ -54,3 +54,153 @@ def fresh_master(tmp_path: Path) -> Iterator[Tarantool]:
         yield master
     finally:
         master.stop()
+
+
+# -- the service -----------------------------------------------------------------
+
+import dataclasses  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from service.app import Service  # noqa: E402
+from service.client import Client  # noqa: E402
+from service.config import Settings  # noqa: E402
+from service.devstack import free_port  # noqa: E402
+from service.handlers import HANDLERS, Handler, Request  # noqa: E402
+from service.storage import Storage  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tarantool]:
+    """One master for the service tests, with the test-only debug_sleep procedure."""
+    master = Tarantool.create("svc-master", tmp_path_factory.mktemp("svc"), extra_env={"SC_DEBUG_PROCEDURES": "1"})
+    try:
+        master.start()
+        master.wait_ready()
+        yield master
+    finally:
+        master.stop()
+
+
+def service_settings(storage: Tarantool, **overrides: object) -> Settings:
+    base = Settings(listen="tcp://127.0.0.1:0", tarantool=(storage.address,), metrics_port=0, drain_timeout_s=5.0)
+    return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+class Running:
+    """An in-process service and a client connected to it."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.endpoint = service.broker.endpoint
+        self.client = Client(self.endpoint, timeout_s=10)
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.service.metrics_port}/metrics"
+
+    def wait_workers(self, timeout_s: float = 10.0) -> None:
+        """Until every worker slot has announced itself and storage is connected (PING is the broker's)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len(self.service.broker._free) == self.service.settings.workers and all(
+                    w.storage is not None and w.storage.connected for w in self.service.pool.workers):
+                return
+            time.sleep(0.02)
+        raise TimeoutError("workers not ready")
+
+
+@contextlib.contextmanager
+def running_service(settings: Settings, handlers: dict[str, Handler] | None = None) -> Iterator[Running]:
+    service = Service(settings, handlers)
+    service.start()
+    running = Running(service)
+    try:
+        running.wait_workers()
+        yield running
+    finally:
+        running.client.close(linger_ms=0)
+        if service.broker.is_alive():
+            service.stop()
+
+
+class SlowProbe:
+    """A test handler set: DEVICE_LOOKUP sleeps in Tarantool for body['device_id'] = 'sleep:<ms>'.
+
+    It records how many run at once, so bulkhead tests can check the limit.
+    """
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.max_running = 0
+        self.calls = 0
+
+    async def slow(self, req: Request, storage: Storage) -> dict:
+        self.calls += 1
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            ms = int(req.body["device_id"].split(":")[1])
+            return await storage.call("debug_sleep", [ms])
+        finally:
+            self.running -= 1
+
+    def wait_running(self, n: int, timeout_s: float = 10.0) -> None:
+        """Until n slow calls are in progress (the worker slot is taken)."""
+        deadline = time.monotonic() + timeout_s
+        while self.running < n:
+            assert time.monotonic() < deadline, "slow call did not start"
+            time.sleep(0.005)
+
+    def handlers(self) -> dict[str, Handler]:
+        return {**HANDLERS, "DEVICE_LOOKUP": self.slow}
+
+
+@pytest.fixture(scope="module")
+def svc(storage: Tarantool) -> Iterator[Running]:
+    """A default service (100 workers, queue 3000) shared by a module's tests."""
+    with running_service(service_settings(storage)) as r:
+        yield r
+
+
+@dataclasses.dataclass
+class ServiceProcess:
+    proc: subprocess.Popen[bytes]
+    endpoint: str
+    metrics_port: int
+    log_path: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+        return self.proc.wait(timeout_s)
+
+
+@contextlib.contextmanager
+def service_process(storage: Tarantool, tmp_path: Path, **env: str) -> Iterator[ServiceProcess]:
+    """The real `python -m service` as a child process, stopped by its PID."""
+    port, metrics_port = free_port(), free_port()
+    log_path = tmp_path / "service.log"
+    full_env = {**os.environ, "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}", "SMARTCACHE_TARANTOOL": storage.address,
+                "SMARTCACHE_METRICS_PORT": str(metrics_port), **env}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "service"], env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    sp = ServiceProcess(proc, f"tcp://127.0.0.1:{port}", metrics_port, log_path)
+    try:
+        with Client(sp.endpoint, timeout_s=0.5) as c:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    if c.device_lookup("readiness-probe").status in ("NOT_FOUND", "OK"):
+                        break
+                except Exception:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise
+        yield sp
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)

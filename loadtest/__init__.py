@@ -1,0 +1,1 @@
+"""smartcache load generator, benchmark and simulated core backend."""

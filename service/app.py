@@ -1,0 +1,90 @@
+"""The service process (``python -m service`` / ``smartcache``), in the foreground.
+
+Start-up order (the brief): logger; settings from the environment; metrics
+HTTP server; worker threads (each opens its storage connection); the broker
+loop. SIGTERM or SIGINT starts a graceful stop; the exit code is 0 when every
+accepted message was answered.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Any
+
+import structlog
+import zmq
+
+from service import __version__, logs
+from service.broker import Broker
+from service.config import Settings, SettingsError
+from service.handlers import Handler
+from service.metrics import Metrics
+from service.workers import WorkerPool, set_debug
+
+log = structlog.get_logger("main")
+
+JOIN_MARGIN_S = 10.0
+
+
+class Service:
+    """The whole service in one process: metrics, worker pool, broker."""
+
+    def __init__(self, settings: Settings, handlers: dict[str, Handler] | None = None) -> None:
+        """handlers replaces the message handlers (tests use it to add a deliberately slow one)."""
+        self.settings = settings
+        self.context: zmq.Context[Any] = zmq.Context()
+        self.metrics = Metrics()
+        self.pool = WorkerPool(settings=settings, context=self.context, metrics=self.metrics, handlers=handlers)
+        self.broker = Broker(settings=settings, context=self.context, metrics=self.metrics,
+                             local_workers=self.pool.local)
+        self.metrics_port = 0
+
+    def start(self) -> None:
+        s = self.settings
+        self.metrics_port = self.metrics.serve(s.metrics_addr, s.metrics_port)
+        self.metrics.storage_active.labels(s.tarantool[0]).set(1)
+        self.pool.start()
+        self.broker.start()
+        log.info("service_started", version=__version__, endpoint=self.broker.endpoint,
+                 metrics_port=self.metrics_port, workers=s.workers, worker_threads=s.worker_threads,
+                 queue_capacity=s.queue_capacity, tarantool=s.tarantool[0])
+
+    def stop(self) -> None:
+        """Drain the broker, then stop the workers (deliberate order: replies need both)."""
+        self.broker.stop()  # 1. no new work; queued and running messages finish or are refused
+        self.broker.join(self.settings.drain_timeout_s + JOIN_MARGIN_S)
+        self.pool.stop()  # 2. workers are idle now; close their storage connections
+        self.pool.join(JOIN_MARGIN_S)
+        self.context.term()  # 3. every socket is closed; replies were flushed by the broker's linger
+        log.info("service_stopped")
+
+
+def main() -> int:
+    logs.configure()
+    try:
+        settings = Settings.from_env()
+    except SettingsError as e:
+        log.error("bad_settings", error=str(e))
+        return 2
+    logs.configure(settings.log_level)
+    set_debug(settings.log_level == "debug")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    service = Service(settings)
+    try:
+        service.start()
+    except (zmq.ZMQError, OSError) as e:
+        log.error("start_failed", error=str(e))
+        return 1
+    while not stop.wait(0.5):
+        if not service.broker.is_alive():
+            log.error("broker_died")
+            return 1
+    log.info("stop_requested")
+    service.stop()
+    return 0
+
+

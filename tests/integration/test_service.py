@@ -1,0 +1,340 @@
+"""The service over real ZeroMQ sockets and a real Tarantool."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+
+import httpx
+import msgpack
+import pytest
+import zmq
+
+from service.client import Client
+from service.devstack import Tarantool
+from service.errors import RequestError
+from service.protocol import (
+    FLAG_DATA_ERROR,
+    REGISTRY,
+    STATUS,
+    TRANSPORT_ERROR,
+    Header,
+    decode_body,
+    decode_header,
+    encode_body,
+    encode_header,
+)
+from tests.conftest import Running, SlowProbe, running_service, service_process, service_settings
+
+# -- every message type ---------------------------------------------------------
+
+
+def test_ping_is_answered(svc: Running) -> None:
+    reply = svc.client.ping()
+    assert reply.ok
+    assert reply.body["time_ms"] > 0
+
+
+def test_session_lifecycle_happy_path_and_statuses(svc: Running) -> None:
+    c = svc.client
+    created = c.session_create("client-a", data={"step": 1}, version="5.2", ttl_s=60)
+    assert created.ok
+    assert created.body["rev"] == 1
+    sid = created.session_id
+    assert sid is not None
+    got = c.session_get(sid)
+    assert (got.status, got.body["client_id"], got.body["data"], got.body["version"]) == (
+        "OK", "client-a", {"step": 1}, "5.2")
+    assert got.header.session_id == sid.bytes
+    assert c.session_touch(sid).ok
+    assert c.session_update(sid, {"step": 2}, expected_rev=1).body["rev"] == 2
+    assert c.session_update(sid, {"step": 3}, expected_rev=1).status == "CONFLICT"
+    assert c.session_create("client-a", session_id=sid).status == "ALREADY_EXISTS"
+    listed = c.session_list("client-a").body["sessions"]
+    assert [uuid.UUID(bytes=s["session_id"]) for s in listed] == [sid]
+    c.cache_put("wizard", {"page": 3}, session_id=sid)
+    deleted = c.session_delete(sid)
+    assert (deleted.status, deleted.body["cache_deleted"]) == ("OK", 1)
+    for reply in (c.session_get(sid), c.session_touch(sid), c.session_update(sid, 1), c.session_delete(sid)):
+        assert reply.status == "NOT_FOUND"
+
+
+def test_cache_happy_path_and_statuses(svc: Running) -> None:
+    c = svc.client
+    assert c.cache_put("rates", {"usd": 90}, data_type=7, ttl_s=60).ok
+    got = c.cache_get("rates")
+    assert (got.body["data"], got.body["data_type"]) == ({"usd": 90}, 7)
+    assert c.cache_delete("rates").ok
+    assert c.cache_get("rates").status == "NOT_FOUND"
+    assert c.cache_delete("rates").status == "NOT_FOUND"
+    assert c.cache_put("k", 1, session_id=uuid.uuid4()).status == "NOT_FOUND"  # no such session
+
+
+def test_device_happy_path_and_statuses(svc: Running) -> None:
+    c = svc.client
+    assert c.device_lookup("dev-x").status == "NOT_FOUND"
+    assert c.device_bind("dev-x", "client-x").ok
+    assert c.device_lookup("dev-x").body["client_id"] == "client-x"
+
+
+def test_bad_fields_and_session_rules_are_bad_request(svc: Running) -> None:
+    c = svc.client
+    missing = c.call("SESSION_CREATE", {})
+    assert (missing.status, missing.body["message"]) == ("BAD_REQUEST", "missing field 'client_id'")
+    assert c.call("CACHE_PUT", {"key": 5, "data": 1}).status == "BAD_REQUEST"
+    assert c.call("SESSION_GET").status == "BAD_REQUEST"  # session id required
+    assert c.call("SESSION_LIST", {"client_id": "x"}, session_id=uuid.uuid4()).status == "BAD_REQUEST"
+    assert c.call("SESSION_CREATE", {"client_id": "x", "ttl_s": -1}).status == "BAD_REQUEST"
+
+
+def test_every_reply_carries_a_registered_status(svc: Running) -> None:
+    reply = svc.client.device_lookup("nobody")
+    assert reply.body["status"] in REGISTRY.status_names
+    assert reply.status in REGISTRY.types["DEVICE_LOOKUP"].statuses
+
+
+# -- clients ----------------------------------------------------------------------
+
+
+def test_req_client_works_too(svc: Running) -> None:
+    ctx = zmq.Context.instance()
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(svc.endpoint)
+    try:
+        h = Header.request(REGISTRY.types["DEVICE_BIND"].id, request_id=77)
+        req.send_multipart([encode_header(h), encode_body({"device_id": "req-dev", "client_id": "req-client"})])
+        assert req.poll(10_000)
+        frames = req.recv_multipart()
+        assert len(frames) == 2
+        assert decode_header(frames[0]).request_id == 77
+        assert decode_body(frames[1])["status"] == STATUS["OK"]
+    finally:
+        req.close()
+
+
+def test_many_requests_in_flight_on_one_dealer(svc: Running) -> None:
+    c = svc.client
+    ids = [c.send("DEVICE_BIND", {"device_id": f"d{i}", "client_id": f"c{i}"}) for i in range(200)]
+    replies = [c.wait(rid) for rid in reversed(ids)]
+    assert all(r.ok for r in replies)
+    assert {r.header.request_id for r in replies} == set(ids)
+
+
+# -- garbage ----------------------------------------------------------------------
+
+
+def _raw(svc: Running, frames: list[bytes]) -> tuple[Header, dict]:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(svc.endpoint)
+    try:
+        sock.send_multipart(frames)
+        assert sock.poll(10_000), "no answer"
+        reply = sock.recv_multipart()
+        return decode_header(reply[0], check_type=False), decode_body(reply[1])
+    finally:
+        sock.close()
+
+
+GOOD_HEADER = encode_header(Header.request(REGISTRY.types["CACHE_GET"].id, request_id=5))
+
+
+@pytest.mark.parametrize(("frames", "error", "request_id"), [
+    ([GOOD_HEADER], "BAD_FRAMES", 5),
+    ([GOOD_HEADER, b"", b"extra"], "BAD_FRAMES", 5),
+    ([GOOD_HEADER[:20], b""], "BAD_HEADER", 0),
+    ([GOOD_HEADER[:6] + b"\x80" + GOOD_HEADER[7:], b""], "BAD_HEADER", 5),
+    ([b"\x02" + GOOD_HEADER[1:], b""], "UNSUPPORTED_VERSION", 5),
+    ([GOOD_HEADER[:2] + b"\x99\x99" + GOOD_HEADER[4:], b""], "UNKNOWN_TYPE", 5),
+    ([GOOD_HEADER, b"\x81\xa3key\xc1"], "BAD_BODY", 5),
+    ([GOOD_HEADER, msgpack.packb([1, 2])], "BAD_BODY", 5),
+    ([GOOD_HEADER, msgpack.packb({"key": "k" * 2_000_000})], "BODY_TOO_LARGE", 5),
+], ids=["one-frame", "three-frames", "short-header", "reserved-flag", "version", "type", "bad-msgpack",
+        "not-a-map", "huge-body"])
+def test_garbage_gets_its_transport_error_and_service_keeps_serving(
+        svc: Running, frames: list[bytes], error: str, request_id: int) -> None:
+    header, body = _raw(svc, frames)
+    assert header.transport_error == TRANSPORT_ERROR[error]
+    assert header.flags & FLAG_DATA_ERROR
+    assert header.request_id == request_id
+    assert body["error"] == error
+    assert svc.client.device_lookup("still-alive").status == "NOT_FOUND"
+
+
+def test_client_raises_transport_errors(svc: Running) -> None:
+    with pytest.raises(RequestError) as e:
+        svc.client.call("CACHE_PUT", {"key": "k", "data": "x" * 2_000_000})
+    assert e.value.transport_error == "BODY_TOO_LARGE"
+
+
+# -- queue, expiry, eviction, bulkheads -------------------------------------------
+
+
+def test_queue_full_is_answered_at_once(storage: Tarantool) -> None:
+    probe = SlowProbe()
+    with running_service(service_settings(storage, workers=1, queue_capacity=2), probe.handlers()) as r:
+        c = r.client
+        busy = c.send("DEVICE_LOOKUP", {"device_id": "sleep:1500"})
+        probe.wait_running(1)
+        queued = [c.send("CACHE_GET", {"key": f"q{i}"}) for i in range(2)]
+        full = c.send("CACHE_GET", {"key": "one-too-many"})
+        with pytest.raises(RequestError) as e:
+            c.wait(full, timeout_s=1.0)  # well before the slow one ends
+        assert e.value.transport_error == "QUEUE_FULL"
+        assert [c.wait(q).status for q in queued] == ["NOT_FOUND", "NOT_FOUND"]
+        assert c.wait(busy).ok
+
+
+def test_urgent_message_evicts_the_newest_least_urgent(storage: Tarantool) -> None:
+    probe = SlowProbe()
+    with running_service(service_settings(storage, workers=1, queue_capacity=2), probe.handlers()) as r:
+        c = r.client
+        busy = c.send("DEVICE_LOOKUP", {"device_id": "sleep:800"})
+        probe.wait_running(1)
+        old_low = c.send("CACHE_GET", {"key": "old"})  # priority 2
+        new_low = c.send("CACHE_GET", {"key": "new"})
+        urgent = c.send("SESSION_TOUCH", session_id=uuid.uuid4())  # priority 1
+        with pytest.raises(RequestError) as e:
+            c.wait(new_low)
+        assert e.value.transport_error == "QUEUE_FULL"
+        assert e.value.body["message"] == "evicted by a more urgent message"
+        assert c.wait(urgent).status == "NOT_FOUND"
+        assert c.wait(old_low).status == "NOT_FOUND"
+        assert c.wait(busy).ok
+
+
+def test_message_expired_in_queue_is_never_executed(storage: Tarantool) -> None:
+    probe = SlowProbe()
+    with running_service(service_settings(storage, workers=1), probe.handlers()) as r:
+        c = r.client
+        busy = c.send("DEVICE_LOOKUP", {"device_id": "sleep:600"})
+        probe.wait_running(1)
+        doomed = c.send("CACHE_PUT", {"key": "never-written", "data": 1}, lifetime_ms=100)
+        with pytest.raises(RequestError) as e:
+            c.wait(doomed)
+        assert e.value.transport_error == "EXPIRED"
+        assert c.wait(busy).ok
+        assert c.cache_get("never-written").status == "NOT_FOUND"  # the procedure never ran
+
+
+def test_bulkhead_limits_a_slow_type_and_lets_others_pass(storage: Tarantool) -> None:
+    probe = SlowProbe()
+    settings = service_settings(storage, workers=4, bulkheads={"DEVICE_LOOKUP": 2})
+    with running_service(settings, probe.handlers()) as r:
+        c = r.client
+        slow = [c.send("DEVICE_LOOKUP", {"device_id": "sleep:400"}) for _ in range(6)]
+        fast = c.send("CACHE_GET", {"key": "fast"})
+        assert c.wait(fast).status == "NOT_FOUND"
+        assert probe.running == 2  # the fast one passed while two slow ones ran
+        assert all(c.wait(s).ok for s in slow)
+        assert probe.max_running == 2
+        assert probe.calls == 6
+
+
+# -- storage outage ---------------------------------------------------------------
+
+
+def test_storage_down_gives_storage_unavailable_and_service_recovers(fresh_master: Tarantool) -> None:
+    with running_service(service_settings(fresh_master)) as r:
+        c = r.client
+        assert c.device_bind("outage-dev", "c").ok
+        fresh_master.stop()
+        with pytest.raises(RequestError) as e:
+            c.call("DEVICE_LOOKUP", {"device_id": "outage-dev"}, lifetime_ms=1500)
+        assert e.value.transport_error == "STORAGE_UNAVAILABLE"
+        fresh_master.start()
+        fresh_master.wait_ready()
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                assert c.device_lookup("outage-dev").body["client_id"] == "c"
+                break
+            except RequestError:
+                assert time.monotonic() < deadline, "service did not reconnect"
+                time.sleep(0.2)
+
+
+def test_storage_hung_gives_storage_unavailable_within_the_lifetime(fresh_master: Tarantool) -> None:
+    with running_service(service_settings(fresh_master)) as r:
+        fresh_master.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(RequestError) as e:
+                r.client.call("DEVICE_LOOKUP", {"device_id": "hung"}, lifetime_ms=300, timeout_s=5)
+            assert e.value.transport_error == "STORAGE_UNAVAILABLE"
+        finally:
+            fresh_master.send_signal(signal.SIGCONT)
+        assert r.client.device_lookup("hung").status == "NOT_FOUND"
+
+
+# -- graceful stop ----------------------------------------------------------------
+
+
+def test_sigterm_under_load_answers_every_request_once_and_exits_0(storage: Tarantool, tmp_path) -> None:  # noqa: ANN001
+    with service_process(storage, tmp_path, SMARTCACHE_DRAIN_TIMEOUT_S="5") as sp:
+        replies: dict[int, int] = {}
+        sent: list[int] = []
+        stop_sending = threading.Event()
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(sp.endpoint)
+        rid = 0
+        sig_at = time.monotonic() + 1.0
+        while not stop_sending.is_set():
+            for _ in range(50):
+                rid += 1
+                h = Header.request(REGISTRY.types["DEVICE_BIND"].id, request_id=rid)
+                sock.send_multipart([encode_header(h), encode_body({"device_id": f"t{rid}", "client_id": "c"})])
+                sent.append(rid)
+            while sock.poll(0):
+                r = decode_header(sock.recv_multipart()[0], check_type=False)
+                replies[r.request_id] = replies.get(r.request_id, 0) + 1
+            if time.monotonic() >= sig_at:
+                sp.proc.send_signal(signal.SIGTERM)
+                stop_sending.set()
+        deadline = time.monotonic() + 20
+        while len(replies) < len(sent) and time.monotonic() < deadline:
+            if sock.poll(200):
+                r = decode_header(sock.recv_multipart()[0], check_type=False)
+                replies[r.request_id] = replies.get(r.request_id, 0) + 1
+        sock.close()
+        ctx.term()
+        assert sp.proc.wait(30) == 0
+        assert len(sent) > 100
+        assert set(replies) == set(sent), f"{len(set(sent) - set(replies))} requests got no reply"
+        assert set(replies.values()) == {1}
+
+
+# -- metrics ----------------------------------------------------------------------
+
+
+def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
+    def scrape() -> str:
+        return httpx.get(svc.metrics_url, timeout=5).text
+
+    def value(text: str, series: str) -> float:
+        for line in text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.split()[-1])
+        raise AssertionError(f"{series} not found")
+
+    before = scrape()
+    for i in range(50):
+        svc.client.device_bind(f"m{i}", "c")
+    svc.client.call("CACHE_GET", {"key": 1})
+    after = scrape()
+    for name in ("smartcache_messages_total", "smartcache_request_duration_seconds_bucket", "smartcache_queue_depth",
+                 "smartcache_queue_capacity", "smartcache_queue_rejections_total", "smartcache_workers_busy",
+                 "smartcache_workers ", "smartcache_workers_busy_by_type", "smartcache_storage_calls_total",
+                 "smartcache_storage_call_duration_seconds_bucket", "smartcache_bad_input_total",
+                 "smartcache_build_info", "smartcache_storage_active", "smartcache_bulkhead_limit"):
+        assert name in after, name
+    series = 'smartcache_messages_total{outcome="OK",type="DEVICE_BIND"}'
+    assert value(after, series) - value(before, series) == 50
+    calls = 'smartcache_storage_calls_total{outcome="OK",procedure="device_bind"}'
+    assert value(after, calls) >= 50
+    assert value(after, "smartcache_queue_capacity") == 3000
+    assert value(after, 'smartcache_request_duration_seconds_count{type="DEVICE_BIND"}') >= 50
