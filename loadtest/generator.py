@@ -80,8 +80,13 @@ class Generator:
         type_name, body, session = req
         self.rid += 1
         no_reply = type_name in NO_REPLY_TYPES
-        h = Header.request(REGISTRY.types[type_name].id, request_id=self.rid, session_id=session,
-                           lifetime_ms=self.job.lifetime_ms, flags=FLAG_NO_REPLY if no_reply else 0)
+        h = Header.request(
+            REGISTRY.types[type_name].id,
+            request_id=self.rid,
+            session_id=session,
+            lifetime_ms=self.job.lifetime_ms,
+            flags=FLAG_NO_REPLY if no_reply else 0,
+        )
         send_frames(self.sock, [encode_header(h), encode_body(body)])
         self.result.sent += 1
         if no_reply:

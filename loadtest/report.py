@@ -7,8 +7,18 @@ from typing import Any
 
 from loadtest.generator import Result
 
-OK_LIKE = {"OK", "NOT_FOUND", "CONFLICT", "ALREADY_EXISTS", "FRESH", "BUSY", "TIMEOUT", "BAD_REQUEST",
-           "BACKEND_ERROR", "BACKEND_BAD_REPLY"}
+OK_LIKE = {
+    "OK",
+    "NOT_FOUND",
+    "CONFLICT",
+    "ALREADY_EXISTS",
+    "FRESH",
+    "BUSY",
+    "TIMEOUT",
+    "BAD_REQUEST",
+    "BACKEND_ERROR",
+    "BACKEND_BAD_REPLY",
+}
 REFUSALS = {"QUEUE_FULL", "EXPIRED", "SHUTTING_DOWN"}
 
 
@@ -22,7 +32,8 @@ def percentile(sorted_values: list[float], p: float) -> float:
 def summarize(values: list[float]) -> dict[str, float]:
     v = sorted(values)
     return {f"p{p:g}_ms": round(percentile(v, p) * 1000, 3) for p in (50, 90, 99, 99.9)} | {
-        "max_ms": round(v[-1] * 1000, 3) if v else math.nan}
+        "max_ms": round(v[-1] * 1000, 3) if v else math.nan
+    }
 
 
 def merge(results: list[Result], *, label: str = "") -> dict[str, Any]:
@@ -53,8 +64,10 @@ def merge(results: list[Result], *, label: str = "") -> dict[str, Any]:
 
 def format_line(rep: dict[str, Any]) -> str:
     lat = rep["latency"]
-    line = (f"{rep['label']:<28} {rep['throughput_rps']:>9.0f}/s  p50 {lat['p50_ms']:>7.2f}  p90 {lat['p90_ms']:>7.2f}"
-            f"  p99 {lat['p99_ms']:>7.2f}  p99.9 {lat['p99.9_ms']:>7.2f}  max {lat['max_ms']:>8.2f} ms")
+    line = (
+        f"{rep['label']:<28} {rep['throughput_rps']:>9.0f}/s  p50 {lat['p50_ms']:>7.2f}  p90 {lat['p90_ms']:>7.2f}"
+        f"  p99 {lat['p99_ms']:>7.2f}  p99.9 {lat['p99.9_ms']:>7.2f}  max {lat['max_ms']:>8.2f} ms"
+    )
     if rep["refusal_latency"]:
         line += f"  refused {rep['refusals_rps']:.0f}/s p99 {rep['refusal_latency']['p99_ms']:.2f} ms"
     if rep["lost"]:

@@ -9,7 +9,6 @@ accepted message was answered.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from typing import Any
 
@@ -37,8 +36,9 @@ class Service:
         self.context: zmq.Context[Any] = zmq.Context()
         self.metrics = Metrics()
         self.pool = WorkerPool(settings=settings, context=self.context, metrics=self.metrics, handlers=handlers)
-        self.broker = Broker(settings=settings, context=self.context, metrics=self.metrics,
-                             local_workers=self.pool.local)
+        self.broker = Broker(
+            settings=settings, context=self.context, metrics=self.metrics, local_workers=self.pool.local
+        )
         self.metrics_port = 0
 
     def start(self) -> None:
@@ -47,9 +47,16 @@ class Service:
         self.metrics.storage_active.labels(s.tarantool[0]).set(1)
         self.pool.start()
         self.broker.start()
-        log.info("service_started", version=__version__, endpoint=self.broker.endpoint,
-                 metrics_port=self.metrics_port, workers=s.workers, worker_threads=s.worker_threads,
-                 queue_capacity=s.queue_capacity, tarantool=s.tarantool[0])
+        log.info(
+            "service_started",
+            version=__version__,
+            endpoint=self.broker.endpoint,
+            metrics_port=self.metrics_port,
+            workers=s.workers,
+            worker_threads=s.worker_threads,
+            queue_capacity=s.queue_capacity,
+            tarantool=s.tarantool[0],
+        )
 
     def stop(self) -> None:
         """Drain the broker, then stop the workers (deliberate order: replies need both)."""
@@ -66,7 +73,7 @@ def main() -> int:
     try:
         settings = Settings.from_env()
     except SettingsError as e:
-        log.error("bad_settings", error=str(e))
+        log.error("bad_settings", error=str(e))  # noqa: TRY400 - the message says it all
         return 2
     logs.configure(settings.log_level)
     set_debug(settings.log_level == "debug")
@@ -77,7 +84,7 @@ def main() -> int:
     try:
         service.start()
     except (zmq.ZMQError, OSError) as e:
-        log.error("start_failed", error=str(e))
+        log.error("start_failed", error=str(e))  # noqa: TRY400 - the message says it all
         return 1
     while not stop.wait(0.5):
         if not service.broker.is_alive():
@@ -86,5 +93,3 @@ def main() -> int:
     log.info("stop_requested")
     service.stop()
     return 0
-
-

@@ -21,6 +21,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -43,8 +44,8 @@ from service.protocol import (
     loose_header,
 )
 from service.queue import Holder, PriorityQueue, QueueFull
-from service.zmqio import readable, recv_frames, send_frames
 from service.workers import CREDIT, DONE, READY, REPLY, TICKET, WORKERS_ENDPOINT, Worker
+from service.zmqio import readable, recv_frames, send_frames
 
 log = structlog.get_logger("broker")
 
@@ -61,8 +62,14 @@ _MAX_LIFETIME_S = REGISTRY.max_lifetime_ms / 1000
 class Broker:
     """The broker thread. ``start`` binds and runs it; ``stop`` begins the drain; ``join`` waits."""
 
-    def __init__(self, *, settings: Settings, context: zmq.Context[Any], metrics: Metrics,
-                 local_workers: list[Worker] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        context: zmq.Context[Any],
+        metrics: Metrics,
+        local_workers: list[Worker] | None = None,
+    ) -> None:
         """local_workers run on the broker's own event loop (worker_threads = 0)."""
         self._settings = settings
         self._local_workers = local_workers or []
@@ -96,8 +103,11 @@ class Broker:
         metrics.watch(metrics.queue_depth, lambda: len(self.queue))
         metrics.watch(metrics.workers_busy, lambda: len(self._inflight))
         for t in REGISTRY.types.values():
-            metrics.watch(metrics.workers_busy_by_type.labels(t.name), lambda t=t.id: self.queue.running[t])
+            metrics.watch(metrics.workers_busy_by_type.labels(t.name), self._running_of(t.id))
             metrics.bulkhead_limit.labels(t.name).set(self.queue.limits[t.id])
+
+    def _running_of(self, type_id: int) -> Callable[[], float]:
+        return lambda: self.queue.running[type_id]
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -191,7 +201,9 @@ class Broker:
 
     def _turn(self) -> None:
         frontend, backend, control = self._frontend, self._backend, self._control
-        assert frontend is not None and backend is not None and control is not None
+        assert frontend is not None
+        assert backend is not None
+        assert control is not None
         more = True
         while more:
             more = False
@@ -207,7 +219,7 @@ class Broker:
                 for h in self.queue.expire(now):
                     self._refuse(h, "EXPIRED", "lifetime ended before a worker was free", "expired")
             self._dispatch(backend, now)
-            if self._stopping and (not self.queue.depth and not self._inflight or now >= self._drain_deadline):
+            if self._stopping and ((not self.queue.depth and not self._inflight) or now >= self._drain_deadline):
                 self._finish(frontend)
                 self._finished.set_result(None)
                 return
@@ -255,8 +267,12 @@ class Broker:
         split = 2 if len(frames) > 2 and frames[1] == b"" else 1
         envelope, payload = frames[:split], frames[split:]
         if len(payload) != 2:
-            self._bad_input(envelope, payload[0] if payload else b"", "BAD_FRAMES",
-                            f"expected 2 frames (header, body), got {len(payload)}")
+            self._bad_input(
+                envelope,
+                payload[0] if payload else b"",
+                "BAD_FRAMES",
+                f"expected 2 frames (header, body), got {len(payload)}",
+            )
             return
         header_frame, body = payload
         try:
@@ -269,8 +285,13 @@ class Broker:
             return
         no_reply = bool(header.flags & FLAG_NO_REPLY) or header.type == _APP_START
         if len(body) > self._settings.max_body_bytes:
-            self._bad_input(envelope, header_frame, "BODY_TOO_LARGE",
-                            f"body is {len(body)} bytes, limit {self._settings.max_body_bytes}", no_reply)
+            self._bad_input(
+                envelope,
+                header_frame,
+                "BODY_TOO_LARGE",
+                f"body is {len(body)} bytes, limit {self._settings.max_body_bytes}",
+                no_reply,
+            )
             return
         if self._stopping:
             self._answer_error(envelope, header, "SHUTTING_DOWN", "service is stopping", no_reply)
@@ -278,16 +299,28 @@ class Broker:
             return
         if header.type == _PING:
             if not no_reply:
-                self._send(envelope, encode_header(header.reply()),
-                           encode_body({"status": STATUS["OK"], "time_ms": int(time.time() * 1000)}))
+                self._send(
+                    envelope,
+                    encode_header(header.reply()),
+                    encode_body({"status": STATUS["OK"], "time_ms": int(time.time() * 1000)}),
+                )
             self._count(header.type, "OK")
             self._durations[header.type].observe(time.monotonic() - now)
             return
         spec = REGISTRY.types_by_id[header.type]
         lifetime_s = min(header.lifetime_ms / 1000 if header.lifetime_ms else spec.lifetime_ms / 1000, _MAX_LIFETIME_S)
-        h = Holder(seq=next(self._seq), priority=spec.priority, type_id=header.type, arrived=now,
-                   deadline=now + lifetime_s, envelope=envelope, header=header_frame, body=body,
-                   request_id=header.request_id, no_reply=no_reply)
+        h = Holder(
+            seq=next(self._seq),
+            priority=spec.priority,
+            type_id=header.type,
+            arrived=now,
+            deadline=now + lifetime_s,
+            envelope=envelope,
+            header=header_frame,
+            body=body,
+            request_id=header.request_id,
+            no_reply=no_reply,
+        )
         try:
             victim = self.queue.push(h)
         except QueueFull:
@@ -296,8 +329,9 @@ class Broker:
         if victim is not None:
             self._refuse(victim, "QUEUE_FULL", "evicted by a more urgent message", "evicted")
 
-    def _bad_input(self, envelope: list[bytes], header_frame: bytes, error: str, message: str,
-                   no_reply: bool = False) -> None:
+    def _bad_input(
+        self, envelope: list[bytes], header_frame: bytes, error: str, message: str, no_reply: bool = False
+    ) -> None:
         self._metrics.bad_input.labels(error).inc()
         header = loose_header(header_frame)
         self._answer_error(envelope, header, error, message, no_reply)
@@ -308,8 +342,7 @@ class Broker:
         self._answer_error(h.envelope, loose_header(h.header), error, message, h.no_reply)
         self._durations[h.type_id].observe(time.monotonic() - h.arrived)
 
-    def _answer_error(self, envelope: list[bytes], header: Header, error: str, message: str,
-                      no_reply: bool) -> None:
+    def _answer_error(self, envelope: list[bytes], header: Header, error: str, message: str, no_reply: bool) -> None:
         self._count(header.type, error)
         if no_reply:
             return
@@ -392,8 +425,12 @@ class Broker:
         if not self._stopping:
             self._stopping = True
             self._drain_deadline = time.monotonic() + self._settings.drain_timeout_s
-            log.info("broker_draining", queued=len(self.queue), running=len(self._inflight),
-                     drain_timeout_s=self._settings.drain_timeout_s)
+            log.info(
+                "broker_draining",
+                queued=len(self.queue),
+                running=len(self._inflight),
+                drain_timeout_s=self._settings.drain_timeout_s,
+            )
 
     def _finish(self, frontend: zmq.Socket[Any]) -> None:
         left = list(self.queue.drain())

@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run(c: Client, a: argparse.Namespace) -> Reply | None:  # noqa: PLR0911 - one branch per command
+def _run(c: Client, a: argparse.Namespace) -> Reply | None:
     match a.command:
         case "ping":
             return c.ping()

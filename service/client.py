@@ -100,11 +100,23 @@ def _decode_reply(frames: list[bytes]) -> Reply:
     return reply
 
 
-def _frames(type_name: str, body: Mapping[str, Any] | None, *, request_id: int, session_id: SessionId | None,
-            lifetime_ms: int, no_reply: bool) -> list[bytes]:
+def _frames(
+    type_name: str,
+    body: Mapping[str, Any] | None,
+    *,
+    request_id: int,
+    session_id: SessionId | None,
+    lifetime_ms: int,
+    no_reply: bool,
+) -> list[bytes]:
     spec = REGISTRY.types[type_name]
-    header = Header.request(spec.id, request_id=request_id, session_id=session_bytes(session_id),
-                            lifetime_ms=lifetime_ms, flags=FLAG_NO_REPLY if no_reply else 0)
+    header = Header.request(
+        spec.id,
+        request_id=request_id,
+        session_id=session_bytes(session_id),
+        lifetime_ms=lifetime_ms,
+        flags=FLAG_NO_REPLY if no_reply else 0,
+    )
     clean = {k: v for k, v in (body or {}).items() if v is not None}
     return [encode_header(header), encode_body(clean)]
 
@@ -116,14 +128,28 @@ class _Helpers(ABC, Generic[R]):
     """Typed helpers, one per message type; all go through ``call``."""
 
     @abstractmethod
-    def call(self, type_name: str, body: Mapping[str, Any] | None = None, *, session_id: SessionId | None = None,
-             lifetime_ms: int = 0, timeout_s: float | None = None) -> R: ...
+    def call(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> R: ...
 
     def ping(self) -> R:
         return self.call("PING")
 
-    def session_create(self, client_id: str, *, data: Any = None, ttl_s: int | None = None,
-                       version: str | None = None, session_id: SessionId | None = None) -> R:
+    def session_create(
+        self,
+        client_id: str,
+        *,
+        data: Any = None,
+        ttl_s: int | None = None,
+        version: str | None = None,
+        session_id: SessionId | None = None,
+    ) -> R:
         body = {"client_id": client_id, "data": data, "ttl_s": ttl_s, "version": version}
         return self.call("SESSION_CREATE", body, session_id=session_id)
 
@@ -133,8 +159,9 @@ class _Helpers(ABC, Generic[R]):
     def session_touch(self, session_id: SessionId) -> R:
         return self.call("SESSION_TOUCH", session_id=session_id)
 
-    def session_update(self, session_id: SessionId, data: Any, *, expected_rev: int | None = None,
-                       version: str | None = None) -> R:
+    def session_update(
+        self, session_id: SessionId, data: Any, *, expected_rev: int | None = None, version: str | None = None
+    ) -> R:
         body = {"data": data, "expected_rev": expected_rev, "version": version}
         return self.call("SESSION_UPDATE", body, session_id=session_id)
 
@@ -144,8 +171,15 @@ class _Helpers(ABC, Generic[R]):
     def session_list(self, client_id: str) -> R:
         return self.call("SESSION_LIST", {"client_id": client_id})
 
-    def cache_put(self, key: str, data: Any, *, session_id: SessionId | None = None, data_type: int | None = None,
-                  ttl_s: int | None = None) -> R:
+    def cache_put(
+        self,
+        key: str,
+        data: Any,
+        *,
+        session_id: SessionId | None = None,
+        data_type: int | None = None,
+        ttl_s: int | None = None,
+    ) -> R:
         body = {"key": key, "data": data, "data_type": data_type, "ttl_s": ttl_s}
         return self.call("CACHE_PUT", body, session_id=session_id)
 
@@ -168,8 +202,13 @@ class _Helpers(ABC, Generic[R]):
 class Client(_Helpers[Reply]):
     """A blocking client: one DEALER socket, used from one thread."""
 
-    def __init__(self, endpoint: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -179,12 +218,20 @@ class Client(_Helpers[Reply]):
         self._outstanding: set[int] = set()
         self._arrived: dict[int, Reply | RequestError] = {}
 
-    def send(self, type_name: str, body: Mapping[str, Any] | None = None, *, session_id: SessionId | None = None,
-             lifetime_ms: int = 0, no_reply: bool = False) -> int:
+    def send(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        no_reply: bool = False,
+    ) -> int:
         """Send one request without waiting; returns its request id for ``wait``."""
         rid = next(self._ids)
-        self._sock.send_multipart(_frames(type_name, body, request_id=rid, session_id=session_id,
-                                          lifetime_ms=lifetime_ms, no_reply=no_reply))
+        self._sock.send_multipart(
+            _frames(type_name, body, request_id=rid, session_id=session_id, lifetime_ms=lifetime_ms, no_reply=no_reply)
+        )
         if not no_reply:
             self._outstanding.add(rid)
         return rid
@@ -215,8 +262,15 @@ class Client(_Helpers[Reply]):
         if rid in self._outstanding:  # late replies to timed-out requests are dropped
             self._arrived[rid] = reply
 
-    def call(self, type_name: str, body: Mapping[str, Any] | None = None, *, session_id: SessionId | None = None,
-             lifetime_ms: int = 0, timeout_s: float | None = None) -> Reply:
+    def call(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> Reply:
         return self.wait(self.send(type_name, body, session_id=session_id, lifetime_ms=lifetime_ms), timeout_s)
 
     def app_start(self, device_id: str) -> None:
@@ -248,8 +302,9 @@ class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
     ``call`` returns a future; a reader task started on first use resolves it.
     """
 
-    def __init__(self, endpoint: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 context: zmq.asyncio.Context | None = None) -> None:
+    def __init__(
+        self, endpoint: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, context: zmq.asyncio.Context | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -259,21 +314,34 @@ class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
 
-    def call(self, type_name: str, body: Mapping[str, Any] | None = None, *, session_id: SessionId | None = None,
-             lifetime_ms: int = 0, timeout_s: float | None = None) -> asyncio.Future[Reply]:
+    def call(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[Reply]:
         loop = asyncio.get_running_loop()
         if self._reader is None:
             self._reader = loop.create_task(self._read())
         rid = next(self._ids)
         fut: asyncio.Future[Reply] = loop.create_future()
         self._pending[rid] = fut
-        frames = _frames(type_name, body, request_id=rid, session_id=session_id, lifetime_ms=lifetime_ms,
-                         no_reply=False)
-        sent = self._sock.send_multipart(frames)
-        sent.add_done_callback(lambda f: f.exception() and self._fail(rid, f.exception()))
+        frames = _frames(
+            type_name, body, request_id=rid, session_id=session_id, lifetime_ms=lifetime_ms, no_reply=False
+        )
+        sent: asyncio.Future[Any] = asyncio.ensure_future(self._sock.send_multipart(frames))
+        sent.add_done_callback(lambda f: self._fail(rid, f.exception()) if f.exception() else None)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         handle = loop.call_later(timeout, self._expire, rid)
-        fut.add_done_callback(lambda _: (handle.cancel(), self._pending.pop(rid, None)))
+
+        def forget(_: object) -> None:
+            handle.cancel()
+            self._pending.pop(rid, None)
+
+        fut.add_done_callback(forget)
         return fut
 
     def _fail(self, rid: int, exc: BaseException | None) -> None:
@@ -302,8 +370,16 @@ class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
 
     async def app_start(self, device_id: str) -> None:
         """Tell the service the app started on this device; never answered."""
-        await self._sock.send_multipart(_frames("APP_START", {"device_id": device_id}, request_id=next(self._ids),
-                                                session_id=None, lifetime_ms=0, no_reply=True))
+        await self._sock.send_multipart(
+            _frames(
+                "APP_START",
+                {"device_id": device_id},
+                request_id=next(self._ids),
+                session_id=None,
+                lifetime_ms=0,
+                no_reply=True,
+            )
+        )
 
     def close(self) -> None:
         if self._reader is not None:

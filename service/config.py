@@ -35,7 +35,7 @@ class Settings:
     listen: str = DEFAULT_LISTEN
     tarantool: tuple[str, ...] = (DEFAULT_TARANTOOL,)
     tarantool_user: str = "smartcache"
-    tarantool_password: str = "smartcache"
+    tarantool_password: str = "smartcache"  # noqa: S105 - local default, documented; set it in production
     workers: int = DEFAULT_WORKERS
     worker_threads: int = DEFAULT_WORKER_THREADS
     queue_capacity: int = DEFAULT_QUEUE_CAPACITY
@@ -86,8 +86,9 @@ class Settings:
             log_level=level,
             max_body_bytes=min(REGISTRY.max_body_bytes, int(num("MAX_BODY_BYTES", REGISTRY.max_body_bytes, int, 64))),
             drain_timeout_s=float(num("DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S, float, 0)),
-            storage_connect_timeout_s=float(num("STORAGE_CONNECT_TIMEOUT_S", DEFAULT_STORAGE_CONNECT_TIMEOUT_S,
-                                                float, 0.1)),
+            storage_connect_timeout_s=float(
+                num("STORAGE_CONNECT_TIMEOUT_S", DEFAULT_STORAGE_CONNECT_TIMEOUT_S, float, 0.1)
+            ),
             instance_id=get("INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             bulkheads=_bulkheads(get("BULKHEADS", ""), workers),
         )

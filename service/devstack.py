@@ -68,8 +68,14 @@ class Child:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
-                                     cwd=ROOT, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            self.argv,
+            env={**os.environ, **self.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl(2), safe after fork
+        )
         log.close()
 
     @property
@@ -111,12 +117,20 @@ class Tarantool(Child):
     port: int = 0
     http_port: int = 0
     data_dir: Path = field(default_factory=Path)
-    password: str = "smartcache"
+    password: str = "smartcache"  # noqa: S105 - local test instance
 
     @classmethod
-    def create(cls, name: str, base_dir: Path, *, port: int | None = None, http_port: int | None = None,
-               read_only: bool = False, replication: list[str] | None = None,
-               extra_env: dict[str, str] | None = None) -> Tarantool:
+    def create(
+        cls,
+        name: str,
+        base_dir: Path,
+        *,
+        port: int | None = None,
+        http_port: int | None = None,
+        read_only: bool = False,
+        replication: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> Tarantool:
         port = port or free_port()
         http_port = http_port or free_port()
         data_dir = base_dir / name
@@ -131,8 +145,15 @@ class Tarantool(Child):
             **(extra_env or {}),
         }
         tarantool = shutil.which("tarantool") or "tarantool"
-        return cls(name=name, argv=[tarantool, str(LUA_INIT)], env=env, log_path=base_dir / f"{name}.log",
-                   port=port, http_port=http_port, data_dir=data_dir)
+        return cls(
+            name=name,
+            argv=[tarantool, str(LUA_INIT)],
+            env=env,
+            log_path=base_dir / f"{name}.log",
+            port=port,
+            http_port=http_port,
+            data_dir=data_dir,
+        )
 
     @property
     def address(self) -> str:
@@ -168,9 +189,14 @@ def main() -> int:
     port = int(os.environ.get("SC_MASTER_PORT", "3301"))
     replica_port = int(os.environ.get("SC_REPLICA_PORT", "3302"))
     master = Tarantool.create("master", base, port=port, http_port=int(os.environ.get("SC_MASTER_HTTP_PORT", "8301")))
-    replica = Tarantool.create("replica", base, port=replica_port,
-                               http_port=int(os.environ.get("SC_REPLICA_HTTP_PORT", "8302")),
-                               read_only=True, replication=[master.address])
+    replica = Tarantool.create(
+        "replica",
+        base,
+        port=replica_port,
+        http_port=int(os.environ.get("SC_REPLICA_HTTP_PORT", "8302")),
+        read_only=True,
+        replication=[master.address],
+    )
     children: list[Child] = []
     stopping = False
 
@@ -185,11 +211,13 @@ def main() -> int:
             child.start()
             children.append(child)
             child.wait_ready()
-        _banner([
-            ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
-            ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
-            ("stop", "Ctrl-C"),
-        ])
+        _banner(
+            [
+                ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
+                ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
+                ("stop", "Ctrl-C"),
+            ]
+        )
         while not stopping and all(c.alive() for c in children):
             time.sleep(0.2)
         for c in children:

@@ -54,8 +54,9 @@ async def session_create(req: Request, storage: Storage) -> dict[str, Any]:
     sid = req.header.session_id if req.header.session_id != NO_SESSION else new_session_id()
     req.reply_session = sid
     b = req.body
-    return await storage.call("session_create", [session_text(sid), b["client_id"], b.get("version"),
-                                                 b.get("ttl_s"), b.get("data")])
+    return await storage.call(
+        "session_create", [session_text(sid), b["client_id"], b.get("version"), b.get("ttl_s"), b.get("data")]
+    )
 
 
 async def session_get(req: Request, storage: Storage) -> dict[str, Any]:

@@ -151,8 +151,11 @@ def load_registry(path: Path = REGISTRY_PATH) -> Registry:
             max_busy_percent=int(t["max_busy_percent"]),
         )
     transport_errors = _codes(raw["transport_errors"])
-    for what, table in (("type", {t.name: t.id for t in types.values()}), ("status", statuses),
-                        ("transport error", transport_errors)):
+    for what, table in (
+        ("type", {t.name: t.id for t in types.values()}),
+        ("status", statuses),
+        ("transport error", transport_errors),
+    ):
         if len(set(table.values())) != len(table):
             raise ValueError(f"duplicate {what} codes in {path}")
     proto = raw["protocol"]
@@ -197,15 +200,19 @@ class Header(NamedTuple):
     session_id: bytes
 
     @classmethod
-    def request(cls, type_id: int, *, request_id: int, session_id: bytes = NO_SESSION,
-                lifetime_ms: int = 0, flags: int = 0) -> Header:
+    def request(
+        cls, type_id: int, *, request_id: int, session_id: bytes = NO_SESSION, lifetime_ms: int = 0, flags: int = 0
+    ) -> Header:
         """A header for a client request to smartcache."""
         return cls(REGISTRY.version, SYSTEM_SMARTCACHE, type_id, 0, flags, lifetime_ms, request_id, session_id)
 
     def reply(self, *, transport_error: int = 0, flags: int = 0, session_id: bytes | None = None) -> Header:
         """The header of the answer to this message: same type, request id and session."""
-        return self._replace(transport_error=transport_error, flags=flags,
-                             session_id=self.session_id if session_id is None else session_id)
+        return self._replace(
+            transport_error=transport_error,
+            flags=flags,
+            session_id=self.session_id if session_id is None else session_id,
+        )
 
 
 def loose_header(frame: bytes) -> Header:
@@ -223,8 +230,9 @@ def loose_header(frame: bytes) -> Header:
 def encode_header(h: Header) -> bytes:
     """Pack a header; raises BadHeader for out-of-range fields."""
     try:
-        return HEADER_STRUCT.pack(h.version, h.system, h.type, h.transport_error, h.flags, 0,
-                                  h.lifetime_ms, h.request_id, h.session_id)
+        return HEADER_STRUCT.pack(
+            h.version, h.system, h.type, h.transport_error, h.flags, 0, h.lifetime_ms, h.request_id, h.session_id
+        )
     except struct.error as e:
         raise BadHeader(f"cannot encode header: {e}") from e
 
@@ -239,9 +247,7 @@ def decode_header(frame: bytes, registry: Registry = REGISTRY, *, check_type: bo
     """
     if len(frame) != HEADER_STRUCT.size:
         raise BadHeader(f"header is {len(frame)} bytes, expected {HEADER_STRUCT.size}")
-    version, system, type_id, terr, flags, reserved, lifetime_ms, request_id, session_id = (
-        HEADER_STRUCT.unpack(frame)
-    )
+    version, system, type_id, terr, flags, reserved, lifetime_ms, request_id, session_id = HEADER_STRUCT.unpack(frame)
     h = Header(version, system, type_id, terr, flags, lifetime_ms, request_id, session_id)
     if version != registry.version:
         raise UnsupportedVersion(f"protocol version {version} is not supported (speak {registry.version})", header=h)
@@ -279,8 +285,9 @@ def _check_shape(obj: object, max_depth: int) -> None:
             stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
 
 
-def decode_body(frame: bytes, *, max_bytes: int = REGISTRY.max_body_bytes,
-                max_depth: int = REGISTRY.max_depth) -> dict[str, Any]:
+def decode_body(
+    frame: bytes, *, max_bytes: int = REGISTRY.max_body_bytes, max_depth: int = REGISTRY.max_depth
+) -> dict[str, Any]:
     """Unpack a body frame into a dict; raises BodyTooLarge or BadBody.
 
     An empty frame is an empty map (clients with nothing to say may send b"").
@@ -290,8 +297,7 @@ def decode_body(frame: bytes, *, max_bytes: int = REGISTRY.max_body_bytes,
     if not frame:
         return {}
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_no_ext,
-                              use_list=True)
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_no_ext, use_list=True)
     except BadBody:
         raise
     except (ValueError, msgpack.UnpackException) as e:  # ExtraData, FormatError, StackError...

@@ -43,7 +43,7 @@ class Holder:
     state: int = field(default=QUEUED)
 
 
-class QueueFull(Exception):  # noqa: N818 - a signal, not an error of ours
+class QueueFull(Exception):
     """No room, and nothing less urgent to evict."""
 
 

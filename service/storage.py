@@ -44,9 +44,15 @@ class Storage:
         self.address = settings.tarantool[0]
         host, _, port = self.address.rpartition(":")
         self._conn = asynctnt.Connection(
-            host=host, port=int(port), username=settings.tarantool_user, password=settings.tarantool_password,
-            fetch_schema=False, auto_refetch_schema=False, connect_timeout=settings.storage_connect_timeout_s,
-            reconnect_timeout=RECONNECT_DELAY_S, ping_timeout=0,
+            host=host,
+            port=int(port),
+            username=settings.tarantool_user,
+            password=settings.tarantool_password,
+            fetch_schema=False,
+            auto_refetch_schema=False,
+            connect_timeout=settings.storage_connect_timeout_s,
+            reconnect_timeout=RECONNECT_DELAY_S,
+            ping_timeout=0,
         )
         self._metrics = metrics
         self._connected_gauge = metrics.storage_connected.labels(self.address)

@@ -77,8 +77,16 @@ class Worker:
     which saves every thread switch on the hot path.
     """
 
-    def __init__(self, *, index: int, slots: int, settings: Settings, context: zmq.Context[Any],
-                 metrics: Metrics, handlers: dict[str, Handler] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        index: int,
+        slots: int,
+        settings: Settings,
+        context: zmq.Context[Any],
+        metrics: Metrics,
+        handlers: dict[str, Handler] | None = None,
+    ) -> None:
         self.index = index
         self.slots = slots
         self._settings = settings
@@ -182,8 +190,9 @@ class Worker:
         else:
             self._send([REPLY, ticket, *reply])
 
-    async def _execute(self, header: Header, type_name: str, body_frame: bytes,
-                       timeout_s: float) -> tuple[tuple[bytes, bytes] | None, str]:
+    async def _execute(
+        self, header: Header, type_name: str, body_frame: bytes, timeout_s: float
+    ) -> tuple[tuple[bytes, bytes] | None, str]:
         """Run one message; returns (reply frames or None, outcome name)."""
         spec = REGISTRY.types[type_name]
         try:
@@ -278,12 +287,20 @@ class WorkerPool:
     (``local``); otherwise each worker has a thread of its own.
     """
 
-    def __init__(self, *, settings: Settings, context: zmq.Context[Any], metrics: Metrics,
-                 handlers: dict[str, Handler] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        context: zmq.Context[Any],
+        metrics: Metrics,
+        handlers: dict[str, Handler] | None = None,
+    ) -> None:
         n = max(1, settings.worker_threads)
         sizes = [settings.workers // n + (1 if i < settings.workers % n else 0) for i in range(n)]
-        self.workers = [Worker(index=i, slots=s, settings=settings, context=context, metrics=metrics,
-                               handlers=handlers) for i, s in enumerate(sizes)]
+        self.workers = [
+            Worker(index=i, slots=s, settings=settings, context=context, metrics=metrics, handlers=handlers)
+            for i, s in enumerate(sizes)
+        ]
         self.local = self.workers if settings.worker_threads == 0 else []
         self.threads = [] if self.local else [WorkerThread(w) for w in self.workers]
         metrics.workers.set(settings.workers)

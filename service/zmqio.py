@@ -40,4 +40,4 @@ def recv_frames(sock: zmq.Socket[Any], *, block: bool = False) -> list[bytes]:
 
 def readable(sock: zmq.Socket[Any]) -> bool:
     """A message is waiting (the FD is edge-triggered: ask the socket, not the FD)."""
-    return bool(sock.get(EVENTS) & POLLIN)
+    return bool(int(sock.get(EVENTS)) & POLLIN)

@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tarantool
 
-from service.devstack import Tarantool
+from service.app import Service
+from service.client import Client
+from service.config import Settings
+from service.devstack import Tarantool, free_port
+from service.handlers import HANDLERS, Handler, Request
+from service.storage import Storage
 
 
 @contextlib.contextmanager
-def connect(instance: Tarantool, user: str = "smartcache", password: str = "smartcache") -> Iterator[tarantool.Connection]:
+def connect(
+    instance: Tarantool, user: str = "smartcache", password: str = "smartcache"
+) -> Iterator[tarantool.Connection]:
     """A connector connection as the service user (execute on procedures only), closed after use."""
     conn = tarantool.connect("127.0.0.1", instance.port, user=user, password=password)
     try:
@@ -58,20 +71,6 @@ def fresh_master(tmp_path: Path) -> Iterator[Tarantool]:
 
 # -- the service -----------------------------------------------------------------
 
-import dataclasses  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-from service.app import Service  # noqa: E402
-from service.client import Client  # noqa: E402
-from service.config import Settings  # noqa: E402
-from service.devstack import free_port  # noqa: E402
-from service.handlers import HANDLERS, Handler, Request  # noqa: E402
-from service.storage import Storage  # noqa: E402
-
 
 @pytest.fixture(scope="session")
 def storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tarantool]:
@@ -107,7 +106,8 @@ class Running:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if len(self.service.broker._free) == self.service.settings.workers and all(
-                    w.storage is not None and w.storage.connected for w in self.service.pool.workers):
+                w.storage is not None and w.storage.connected for w in self.service.pool.workers
+            ):
                 return
             time.sleep(0.02)
         raise TimeoutError("workers not ready")
@@ -184,8 +184,13 @@ def service_process(storage: Tarantool, tmp_path: Path, **env: str) -> Iterator[
     """The real `python -m service` as a child process, stopped by its PID."""
     port, metrics_port = free_port(), free_port()
     log_path = tmp_path / "service.log"
-    full_env = {**os.environ, "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}", "SMARTCACHE_TARANTOOL": storage.address,
-                "SMARTCACHE_METRICS_PORT": str(metrics_port), **env}
+    full_env = {
+        **os.environ,
+        "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}",
+        "SMARTCACHE_TARANTOOL": storage.address,
+        "SMARTCACHE_METRICS_PORT": str(metrics_port),
+        **env,
+    }
     with log_path.open("wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "service"], env=full_env, stdout=log, stderr=subprocess.STDOUT)
     sp = ServiceProcess(proc, f"tcp://127.0.0.1:{port}", metrics_port, log_path)

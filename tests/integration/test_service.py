@@ -12,7 +12,6 @@ import msgpack
 import pytest
 import zmq
 
-from service.client import Client
 from service.devstack import Tarantool
 from service.errors import RequestError
 from service.protocol import (
@@ -46,7 +45,11 @@ def test_session_lifecycle_happy_path_and_statuses(svc: Running) -> None:
     assert sid is not None
     got = c.session_get(sid)
     assert (got.status, got.body["client_id"], got.body["data"], got.body["version"]) == (
-        "OK", "client-a", {"step": 1}, "5.2")
+        "OK",
+        "client-a",
+        {"step": 1},
+        "5.2",
+    )
     assert got.header.session_id == sid.bytes
     assert c.session_touch(sid).ok
     assert c.session_update(sid, {"step": 2}, expected_rev=1).body["rev"] == 2
@@ -142,20 +145,34 @@ def _raw(svc: Running, frames: list[bytes]) -> tuple[Header, dict]:
 GOOD_HEADER = encode_header(Header.request(REGISTRY.types["CACHE_GET"].id, request_id=5))
 
 
-@pytest.mark.parametrize(("frames", "error", "request_id"), [
-    ([GOOD_HEADER], "BAD_FRAMES", 5),
-    ([GOOD_HEADER, b"", b"extra"], "BAD_FRAMES", 5),
-    ([GOOD_HEADER[:20], b""], "BAD_HEADER", 0),
-    ([GOOD_HEADER[:6] + b"\x80" + GOOD_HEADER[7:], b""], "BAD_HEADER", 5),
-    ([b"\x02" + GOOD_HEADER[1:], b""], "UNSUPPORTED_VERSION", 5),
-    ([GOOD_HEADER[:2] + b"\x99\x99" + GOOD_HEADER[4:], b""], "UNKNOWN_TYPE", 5),
-    ([GOOD_HEADER, b"\x81\xa3key\xc1"], "BAD_BODY", 5),
-    ([GOOD_HEADER, msgpack.packb([1, 2])], "BAD_BODY", 5),
-    ([GOOD_HEADER, msgpack.packb({"key": "k" * 2_000_000})], "BODY_TOO_LARGE", 5),
-], ids=["one-frame", "three-frames", "short-header", "reserved-flag", "version", "type", "bad-msgpack",
-        "not-a-map", "huge-body"])
+@pytest.mark.parametrize(
+    ("frames", "error", "request_id"),
+    [
+        ([GOOD_HEADER], "BAD_FRAMES", 5),
+        ([GOOD_HEADER, b"", b"extra"], "BAD_FRAMES", 5),
+        ([GOOD_HEADER[:20], b""], "BAD_HEADER", 0),
+        ([GOOD_HEADER[:6] + b"\x80" + GOOD_HEADER[7:], b""], "BAD_HEADER", 5),
+        ([b"\x02" + GOOD_HEADER[1:], b""], "UNSUPPORTED_VERSION", 5),
+        ([GOOD_HEADER[:2] + b"\x99\x99" + GOOD_HEADER[4:], b""], "UNKNOWN_TYPE", 5),
+        ([GOOD_HEADER, b"\x81\xa3key\xc1"], "BAD_BODY", 5),
+        ([GOOD_HEADER, msgpack.packb([1, 2])], "BAD_BODY", 5),
+        ([GOOD_HEADER, msgpack.packb({"key": "k" * 2_000_000})], "BODY_TOO_LARGE", 5),
+    ],
+    ids=[
+        "one-frame",
+        "three-frames",
+        "short-header",
+        "reserved-flag",
+        "version",
+        "type",
+        "bad-msgpack",
+        "not-a-map",
+        "huge-body",
+    ],
+)
 def test_garbage_gets_its_transport_error_and_service_keeps_serving(
-        svc: Running, frames: list[bytes], error: str, request_id: int) -> None:
+    svc: Running, frames: list[bytes], error: str, request_id: int
+) -> None:
     header, body = _raw(svc, frames)
     assert header.transport_error == TRANSPORT_ERROR[error]
     assert header.flags & FLAG_DATA_ERROR
@@ -272,7 +289,7 @@ def test_storage_hung_gives_storage_unavailable_within_the_lifetime(fresh_master
 # -- graceful stop ----------------------------------------------------------------
 
 
-def test_sigterm_under_load_answers_every_request_once_and_exits_0(storage: Tarantool, tmp_path) -> None:  # noqa: ANN001
+def test_sigterm_under_load_answers_every_request_once_and_exits_0(storage: Tarantool, tmp_path) -> None:
     with service_process(storage, tmp_path, SMARTCACHE_DRAIN_TIMEOUT_S="5") as sp:
         replies: dict[int, int] = {}
         sent: list[int] = []
@@ -326,11 +343,22 @@ def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
         svc.client.device_bind(f"m{i}", "c")
     svc.client.call("CACHE_GET", {"key": 1})
     after = scrape()
-    for name in ("smartcache_messages_total", "smartcache_request_duration_seconds_bucket", "smartcache_queue_depth",
-                 "smartcache_queue_capacity", "smartcache_queue_rejections_total", "smartcache_workers_busy",
-                 "smartcache_workers ", "smartcache_workers_busy_by_type", "smartcache_storage_calls_total",
-                 "smartcache_storage_call_duration_seconds_bucket", "smartcache_bad_input_total",
-                 "smartcache_build_info", "smartcache_storage_active", "smartcache_bulkhead_limit"):
+    for name in (
+        "smartcache_messages_total",
+        "smartcache_request_duration_seconds_bucket",
+        "smartcache_queue_depth",
+        "smartcache_queue_capacity",
+        "smartcache_queue_rejections_total",
+        "smartcache_workers_busy",
+        "smartcache_workers ",
+        "smartcache_workers_busy_by_type",
+        "smartcache_storage_calls_total",
+        "smartcache_storage_call_duration_seconds_bucket",
+        "smartcache_bad_input_total",
+        "smartcache_build_info",
+        "smartcache_storage_active",
+        "smartcache_bulkhead_limit",
+    ):
         assert name in after, name
     series = 'smartcache_messages_total{outcome="OK",type="DEVICE_BIND"}'
     assert value(after, series) - value(before, series) == 50

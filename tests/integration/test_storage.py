@@ -14,7 +14,7 @@ from service.devstack import Tarantool
 from tests.conftest import call, connect
 
 
-def _wait_for(predicate, timeout_s: float = 10.0):  # noqa: ANN001, ANN202 - tiny poll helper
+def _wait_for(predicate, timeout_s: float = 10.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()

@@ -19,8 +19,18 @@ _seq = iter(range(10**9))
 
 def holder(type_id: int, deadline: float = 100.0) -> Holder:
     seq = next(_seq)
-    return Holder(seq=seq, priority=PRIORITIES[type_id], type_id=type_id, arrived=0.0, deadline=deadline,
-                  envelope=[b"id"], header=b"", body=b"", request_id=seq, no_reply=False)
+    return Holder(
+        seq=seq,
+        priority=PRIORITIES[type_id],
+        type_id=type_id,
+        arrived=0.0,
+        deadline=deadline,
+        envelope=[b"id"],
+        header=b"",
+        body=b"",
+        request_id=seq,
+        no_reply=False,
+    )
 
 
 def test_most_urgent_first_then_fifo() -> None:
@@ -86,10 +96,14 @@ def test_drain_returns_everything_queued_in_arrival_order() -> None:
     assert q.pop_ready() is None
 
 
-@given(st.lists(st.tuples(st.sampled_from([URGENT, NORMAL, LOW]), st.floats(0, 10)), max_size=60),
-       st.integers(1, 20), st.floats(0, 10))
+@given(
+    st.lists(st.tuples(st.sampled_from([URGENT, NORMAL, LOW]), st.floats(0, 10)), max_size=60),
+    st.integers(1, 20),
+    st.floats(0, 10),
+)
 def test_depth_never_exceeds_capacity_and_every_holder_leaves_once(
-        ops: list[tuple[int, float]], capacity: int, now: float) -> None:
+    ops: list[tuple[int, float]], capacity: int, now: float
+) -> None:
     q = make_queue(capacity=capacity)
     out: list[Holder] = []
     for type_id, deadline in ops:

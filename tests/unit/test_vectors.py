@@ -37,12 +37,21 @@ def test_valid_vector_decodes_to_its_meaning_and_encodes_back(vec: dict[str, Any
 @pytest.mark.parametrize("vec", VECTORS["invalid"], ids=lambda v: v["name"])
 def test_invalid_vector_raises_its_transport_error(vec: dict[str, Any]) -> None:
     header_frame, body_frame = (bytes.fromhex(f) for f in vec["frames"])
-    with pytest.raises(ProtocolError) as e:
+
+    def decode() -> None:
         decode_header(header_frame)
         decode_body(body_frame)
+
+    with pytest.raises(ProtocolError) as e:
+        decode()
     assert e.value.transport_error == vec["error"]
 
 
 def test_vectors_cover_every_decoder_error() -> None:
     assert {v["error"] for v in VECTORS["invalid"]} >= {
-        "BAD_HEADER", "UNSUPPORTED_VERSION", "UNKNOWN_SYSTEM", "UNKNOWN_TYPE", "BAD_BODY"}
+        "BAD_HEADER",
+        "UNSUPPORTED_VERSION",
+        "UNKNOWN_SYSTEM",
+        "UNKNOWN_TYPE",
+        "BAD_BODY",
+    }
