@@ -44,7 +44,7 @@ from service.protocol import (
     loose_header,
 )
 from service.queue import Holder, PriorityQueue, QueueFull
-from service.workers import CREDIT, DONE, READY, REPLY, TICKET, WORKERS_ENDPOINT, Worker
+from service.workers import CREDIT, DONE, ENQUEUE, READY, REPLY, TICKET, WORKERS_ENDPOINT, Worker
 from service.zmqio import readable, recv_frames, send_frames
 
 log = structlog.get_logger("broker")
@@ -56,6 +56,7 @@ FRONTEND_HWM = 100_000
 FLUSH_LINGER_MS = 2000
 _PING = REGISTRY.types["PING"].id
 _APP_START = REGISTRY.types["APP_START"].id
+_INTERNAL = frozenset(t.id for t in REGISTRY.types.values() if t.internal)
 _MAX_LIFETIME_S = REGISTRY.max_lifetime_ms / 1000
 
 
@@ -283,6 +284,9 @@ class Broker:
         if header.transport_error:
             self._bad_input(envelope, header_frame, "BAD_HEADER", "transport_error must be 0 from clients")
             return
+        if header.type in _INTERNAL:
+            self._bad_input(envelope, header_frame, "UNKNOWN_TYPE", f"type {header.type} is internal")
+            return
         no_reply = bool(header.flags & FLAG_NO_REPLY) or header.type == _APP_START
         if len(body) > self._settings.max_body_bytes:
             self._bad_input(
@@ -307,6 +311,12 @@ class Broker:
             self._count(header.type, "OK")
             self._durations[header.type].observe(time.monotonic() - now)
             return
+        self._enqueue(envelope, header, header_frame, body, no_reply, now)
+
+    def _enqueue(
+        self, envelope: list[bytes], header: Header, header_frame: bytes, body: bytes, no_reply: bool, now: float
+    ) -> None:
+        """Queue a message (from a client, or made by a worker: no envelope, no reply)."""
         spec = REGISTRY.types_by_id[header.type]
         lifetime_s = min(header.lifetime_ms / 1000 if header.lifetime_ms else spec.lifetime_ms / 1000, _MAX_LIFETIME_S)
         h = Holder(
@@ -385,6 +395,9 @@ class Broker:
                     free.extend([wid] * slots)
                     log.info("worker_ready", worker=wid.decode(), slots=slots)
                     continue
+                if kind == ENQUEUE:
+                    self._from_worker_enqueue(frames[i + 1], frames[i + 2], now)
+                    continue
                 free.append(wid)
                 h = inflight.pop(frames[i + 1], None)
                 if h is None:  # already answered SHUTTING_DOWN at the drain deadline
@@ -395,6 +408,12 @@ class Broker:
                 elif kind not in (DONE, REPLY):
                     log.error("worker_protocol_error", kind=kind)
                 self._durations[h.type_id].observe(now - h.arrived)
+
+    def _from_worker_enqueue(self, header_frame: bytes, body: bytes, now: float) -> None:
+        if self._stopping:
+            self._metrics.rejections.labels("shutting_down").inc()
+            return
+        self._enqueue([], decode_header(header_frame), header_frame, body, True, now)
 
     def _dispatch(self, backend: zmq.Socket[Any], now: float) -> None:
         free, queue, inflight = self._free, self.queue, self._inflight

@@ -24,6 +24,14 @@ DEFAULT_BACKEND_URL = "http://127.0.0.1:8090"
 DEFAULT_DRAIN_TIMEOUT_S = 10.0
 DEFAULT_STORAGE_CONNECT_TIMEOUT_S = 2.0
 DEFAULT_LOG_LEVEL = "info"
+DEFAULT_BACKEND_TEMPLATE = "{base}/clients/{client_id}/products/{data_type}"
+DEFAULT_BACKEND_CONNECT_TIMEOUT_S = 1.0
+DEFAULT_BACKEND_TIMEOUT_S = 5.0
+DEFAULT_BACKEND_RETRIES = 2
+DEFAULT_BACKEND_MAX_CONNECTIONS = 100
+DEFAULT_PREWARM_TYPES = (1, 2, 3, 4)  # accounts, cards, deposits, loans
+DEFAULT_PRODUCTS_MAX_AGE_S = 300.0
+LEASE_MARGIN_S = 2.0
 
 
 class SettingsError(ValueError):
@@ -49,6 +57,23 @@ class Settings:
     instance_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     #: message type name -> most workers busy with it at once
     bulkheads: Mapping[str, int] = field(default_factory=dict)
+    backend_template: str = DEFAULT_BACKEND_TEMPLATE
+    backend_connect_timeout_s: float = DEFAULT_BACKEND_CONNECT_TIMEOUT_S
+    backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S
+    backend_retries: int = DEFAULT_BACKEND_RETRIES
+    backend_max_connections: int = DEFAULT_BACKEND_MAX_CONNECTIONS
+    prewarm_types: tuple[int, ...] = DEFAULT_PREWARM_TYPES
+    #: data type -> seconds a prewarmed answer stays fresh (others: products_max_age_s)
+    products_max_age: Mapping[int, float] = field(default_factory=dict)
+    products_max_age_s: float = DEFAULT_PRODUCTS_MAX_AGE_S
+
+    def max_age_ms(self, data_type: int) -> int:
+        return int(self.products_max_age.get(data_type, self.products_max_age_s) * 1000)
+
+    @property
+    def lease_ms(self) -> int:
+        """A prewarm lease outlives one backend call with its retries, plus a margin."""
+        return int((self.backend_timeout_s * (1 + self.backend_retries) + LEASE_MARGIN_S) * 1000)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -91,6 +116,16 @@ class Settings:
             ),
             instance_id=get("INSTANCE_ID", f"{socket.gethostname()}-{os.getpid()}"),
             bulkheads=_bulkheads(get("BULKHEADS", ""), workers),
+            backend_template=get("BACKEND_TEMPLATE", DEFAULT_BACKEND_TEMPLATE),
+            backend_connect_timeout_s=float(
+                num("BACKEND_CONNECT_TIMEOUT_S", DEFAULT_BACKEND_CONNECT_TIMEOUT_S, float, 0.01)
+            ),
+            backend_timeout_s=float(num("BACKEND_TIMEOUT_S", DEFAULT_BACKEND_TIMEOUT_S, float, 0.01)),
+            backend_retries=int(num("BACKEND_RETRIES", DEFAULT_BACKEND_RETRIES, int, 0)),
+            backend_max_connections=int(num("BACKEND_MAX_CONNECTIONS", DEFAULT_BACKEND_MAX_CONNECTIONS, int, 1)),
+            prewarm_types=_int_list("PREWARM_TYPES", get("PREWARM_TYPES", ",".join(map(str, DEFAULT_PREWARM_TYPES)))),
+            products_max_age=_int_map("PRODUCTS_MAX_AGE", get("PRODUCTS_MAX_AGE", "")),
+            products_max_age_s=float(num("PRODUCTS_MAX_AGE_S", DEFAULT_PRODUCTS_MAX_AGE_S, float, 0)),
         )
 
 
@@ -103,3 +138,24 @@ def _bulkheads(spec: str, workers: int) -> dict[str, int]:
             raise SettingsError(f"SMARTCACHE_BULKHEADS item {item!r} must be TYPE=N with a known type and N >= 1")
         limits[name] = int(value)
     return limits
+
+
+def _int_list(name: str, spec: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise SettingsError(f"SMARTCACHE_{name}={spec!r} must be comma-separated integers") from None
+
+
+def _int_map(name: str, spec: str) -> dict[int, float]:
+    """'1=60,2=300' -> {1: 60.0, 2: 300.0}."""
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            out[int(key)] = float(value)
+        except ValueError:
+            raise SettingsError(f"SMARTCACHE_{name} item {item!r} must be TYPE=SECONDS") from None
+        if not sep:
+            raise SettingsError(f"SMARTCACHE_{name} item {item!r} must be TYPE=SECONDS")
+    return out

@@ -16,7 +16,8 @@
     ├── StorageError             Tarantool failed
     │   ├── StorageUnavailable   no connection, or the call did not finish in time
     │   └── ProcedureError       a stored procedure raised (a bug or misuse)
-    └── BackendError             the core backend failed (later: prewarm)
+    └── BackendError             the core backend failed
+        └── BackendBadReply      it answered something unparsable
 
 Exceptions from zmq, msgpack and the Tarantool connector are translated at the
 edge of each layer, with ``raise ... from e``; nothing else leaks out.
@@ -129,4 +130,16 @@ class ProcedureError(StorageError):
 
 
 class BackendError(SmartcacheError):
-    """The core backend failed, timed out or answered something unparsable."""
+    """The core backend failed or timed out after the allowed retries.
+
+    Answered with status BACKEND_ERROR and DATA_ERROR; the prewarm lease is
+    released (``fail``) so the next asker tries again.
+    """
+
+    status = "BACKEND_ERROR"
+
+
+class BackendBadReply(BackendError):
+    """The core backend answered, but not with parsable JSON: BACKEND_BAD_REPLY, not retried."""
+
+    status = "BACKEND_BAD_REPLY"

@@ -84,12 +84,31 @@ class Metrics:
         self.dropped_replies = Counter(
             f"{p}_dropped_replies_total", "Replies that could not be delivered, by reason.", ["reason"], registry=r
         )
+        self.prewarm = Counter(f"{p}_prewarm_total", "Prewarm fetches, by outcome.", ["outcome"], registry=r)
+        self.products = Counter(f"{p}_products_total", "PRODUCTS_GET answers, by source.", ["source"], registry=r)
+        self.backend_calls = Counter(
+            f"{p}_backend_calls_total",
+            "Core backend HTTP calls, by data type and outcome.",
+            ["data_type", "outcome"],
+            registry=r,
+        )
+        self.backend_latency = Histogram(
+            f"{p}_backend_call_duration_seconds",
+            "Core backend call latency.",
+            ["data_type"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.build_info = Gauge(f"{p}_build_info", "Build information.", ["version", "python", "protocol"], registry=r)
         self.build_info.labels(__version__, platform.python_version(), str(REGISTRY.version)).set(1)
         # Pre-create label children so every series exists from the start.
         for name in REGISTRY.types:
             self.duration.labels(name)
             self.workers_busy_by_type.labels(name)
+        for outcome in ("started", "skipped_fresh", "skipped_busy", "completed", "failed"):
+            self.prewarm.labels(outcome)
+        for source in ("cache", "waited", "fetched", "error"):
+            self.products.labels(source)
         for reason in ("full", "evicted", "expired", "shutting_down"):
             self.rejections.labels(reason)
         for name, code in REGISTRY.transport_errors.items():

@@ -80,6 +80,8 @@ class MessageSpec:
     statuses: tuple[str, ...]
     doc: str
     max_busy_percent: int
+    #: internal types are made by the service itself; clients may not send them
+    internal: bool = False
 
     def check_request(self, body: Mapping[str, Any]) -> str | None:
         """Return why ``body`` is not a valid request of this type, or None."""
@@ -149,6 +151,7 @@ def load_registry(path: Path = REGISTRY_PATH) -> Registry:
             statuses=tuple(t["statuses"]),
             doc=t["doc"],
             max_busy_percent=int(t["max_busy_percent"]),
+            internal=bool(t.get("internal", False)),
         )
     transport_errors = _codes(raw["transport_errors"])
     for what, table in (

@@ -16,6 +16,7 @@ Worker to broker: groups of 4 frames::
     [READY, slots:u32, "", ""]          credit: this many slots are free
     [R, ticket, header, body]           reply to send to the client; frees a slot
     [D, ticket, "", ""]                 done, nothing to send (NO_REPLY); frees a slot
+    [Q, header, body, ""]               queue a new internal message (prewarm fetches)
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from typing import Any
 import structlog
 import zmq
 
+from service.backend import Backend
 from service.config import Settings
 from service.errors import ProtocolError, StorageUnavailable
-from service.handlers import HANDLERS, Handler, Request
+from service.handlers import Context, Handler, Request
 from service.metrics import Metrics
+from service.prewarm import ALL_HANDLERS
 from service.protocol import (
     FLAG_DATA_ERROR,
     FLAG_NO_REPLY,
@@ -55,7 +58,7 @@ from service.zmqio import readable, recv_frames, send_frames
 log = structlog.get_logger("workers")
 
 WORKERS_ENDPOINT = "inproc://workers"
-READY, REPLY, DONE = b"READY", b"R", b"D"
+READY, REPLY, DONE, ENQUEUE = b"READY", b"R", b"D", b"Q"
 #: broker -> worker ticket frame: holder sequence number, milliseconds of lifetime left
 TICKET = struct.Struct("!QI")
 CREDIT = struct.Struct("!I")
@@ -92,7 +95,7 @@ class Worker:
         self._settings = settings
         self._ctx = context
         self._metrics = metrics
-        self._handlers = HANDLERS if handlers is None else handlers
+        self._handlers = ALL_HANDLERS if handlers is None else handlers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._sock: zmq.Socket[Any] | None = None
@@ -102,6 +105,8 @@ class Worker:
         self._deadlines: dict[asyncio.Task[None], float] = {}
         self._timed_out: set[asyncio.Task[None]] = set()
         self.storage: Storage | None = None
+        self._handler_context: Context | None = None
+        self._ids = 0
 
     def stop(self) -> None:
         """Ask the loop to finish this worker's tasks (up to a grace period); safe from any thread."""
@@ -113,6 +118,15 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self.storage = Storage(settings=self._settings, metrics=self._metrics)
+        backend = Backend(settings=self._settings, metrics=self._metrics)
+        self._handler_context = Context(
+            storage=self.storage,
+            backend=backend,
+            settings=self._settings,
+            metrics=self._metrics,
+            enqueue=self.enqueue,
+            owner_prefix=f"{self._settings.instance_id}/w{self.index}",
+        )
         sock = self._sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, b"w%d" % self.index)
         sock.setsockopt(zmq.SNDHWM, 0)
@@ -135,6 +149,7 @@ class Worker:
             if self._outbox:
                 self._flush()
             await self.storage.close()
+            await backend.close()
             sock.close()
 
     def _pump(self) -> None:
@@ -151,6 +166,12 @@ class Worker:
                 task = loop.create_task(self._handle(ticket, frames[i + 1], frames[i + 2]))
                 deadlines[task] = now + TICKET.unpack(ticket)[1] / 1000
                 task.add_done_callback(self._forget)
+
+    def enqueue(self, type_name: str, body: dict[str, Any]) -> None:
+        """Put an internal message into the broker's queue (no client, no reply)."""
+        self._ids += 1
+        h = Header.request(REGISTRY.types[type_name].id, request_id=self._ids)
+        self._send([ENQUEUE, encode_header(h), encode_body(body), b""])
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         del self._deadlines[task]
@@ -208,9 +229,9 @@ class Worker:
             return error_reply(header, "INTERNAL", f"{type_name} is not implemented"), "INTERNAL"
         else:
             req = Request(header=header, spec=spec, body=body, timeout_s=timeout_s)
-            assert self.storage is not None
+            assert self._handler_context is not None
             try:
-                result = await handler(req, self.storage)
+                result = await handler(req, self._handler_context)
             except asyncio.CancelledError:
                 if asyncio.current_task() not in self._timed_out:
                     raise
@@ -225,9 +246,10 @@ class Worker:
                 header = header._replace(session_id=req.reply_session)
         status = result["status"]
         result["status"] = STATUS[status]
+        flags = FLAG_DATA_ERROR if "error" in result else 0
         if log_debug_enabled():
             log.debug("request_done", type=type_name, request_id=header.request_id, status=status)
-        return (encode_header(header.reply()), encode_body(result)), status
+        return (encode_header(header.reply(flags=flags)), encode_body(result)), status
 
     def _count(self, type_name: str, outcome: str) -> None:
         key = (type_name, outcome)

@@ -19,8 +19,7 @@ from service.app import Service
 from service.client import Client
 from service.config import Settings
 from service.devstack import Tarantool, free_port
-from service.handlers import HANDLERS, Handler, Request
-from service.storage import Storage
+from service.handlers import HANDLERS, Context, Handler, Request
 
 
 @contextlib.contextmanager
@@ -138,13 +137,13 @@ class SlowProbe:
         self.max_running = 0
         self.calls = 0
 
-    async def slow(self, req: Request, storage: Storage) -> dict:
+    async def slow(self, req: Request, ctx: Context) -> dict:
         self.calls += 1
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         try:
             ms = int(req.body["device_id"].split(":")[1])
-            return await storage.call("debug_sleep", [ms])
+            return await ctx.storage.call("debug_sleep", [ms])
         finally:
             self.running -= 1
 

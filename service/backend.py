@@ -1,0 +1,90 @@
+"""The core backend adapter: the bank's product service over HTTP (JSON).
+
+One :class:`Backend` per worker event loop (httpx's async client belongs to
+the loop that made it): pooled keep-alive connections, connect and read
+timeouts, bounded retries with exponential backoff for the idempotent GET,
+never past the caller's deadline. Failures become BackendError (retried
+failures, 5xx, timeouts) or BackendBadReply (an answer that is not JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import structlog
+
+from service.config import Settings
+from service.errors import BackendBadReply, BackendError
+from service.metrics import Metrics
+
+log = structlog.get_logger("backend")
+
+BACKOFF_FIRST_S = 0.05
+
+
+class Backend:
+    def __init__(self, *, settings: Settings, metrics: Metrics) -> None:
+        self._s = settings
+        self._metrics = metrics
+        self._known_types = {str(t) for t in settings.prewarm_types}
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.backend_timeout_s, connect=settings.backend_connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=settings.backend_max_connections,
+                max_keepalive_connections=settings.backend_max_connections,
+            ),
+            headers={"Accept": "application/json", "User-Agent": "smartcache"},
+        )
+
+    def url(self, client_id: str, data_type: int) -> str:
+        return self._s.backend_template.format(
+            base=self._s.backend_url.rstrip("/"), client_id=client_id, data_type=data_type
+        )
+
+    async def fetch(self, client_id: str, data_type: int, deadline: float) -> Any:
+        """GET the products; retries transient failures until ``deadline`` (loop time)."""
+        loop = asyncio.get_running_loop()
+        url = self.url(client_id, data_type)
+        label = str(data_type) if str(data_type) in self._known_types else "other"
+        attempt = 0
+        while True:
+            started = time.perf_counter()
+            left = deadline - loop.time()
+            try:
+                if left <= 0:
+                    raise BackendError(f"no time left for {url}")
+                resp = await self._http.get(url, timeout=min(left, self._s.backend_timeout_s))
+                if resp.status_code >= 500:
+                    raise BackendError(f"backend answered HTTP {resp.status_code}")
+                if resp.status_code != 200:
+                    raise BackendBadReply(f"backend answered HTTP {resp.status_code}")
+                try:
+                    data = resp.json()
+                except ValueError as e:
+                    raise BackendBadReply(f"backend answer is not JSON: {e}") from e
+            except BackendError as e:
+                self._observe(label, "bad_reply" if isinstance(e, BackendBadReply) else "error", started)
+                if isinstance(e, BackendBadReply) or not self._retry(attempt, deadline, loop.time()):
+                    raise
+            except httpx.HTTPError as e:
+                self._observe(label, "error", started)
+                if not self._retry(attempt, deadline, loop.time()):
+                    raise BackendError(f"{type(e).__name__} from {url}: {e}") from e
+            else:
+                self._observe(label, "ok", started)
+                return data
+            await asyncio.sleep(BACKOFF_FIRST_S * 2**attempt)
+            attempt += 1
+
+    def _retry(self, attempt: int, deadline: float, now: float) -> bool:
+        return attempt < self._s.backend_retries and now + BACKOFF_FIRST_S * 2**attempt < deadline
+
+    def _observe(self, label: str, outcome: str, started: float) -> None:
+        self._metrics.backend_calls.labels(label, outcome).inc()
+        self._metrics.backend_latency.labels(label).observe(time.perf_counter() - started)
+
+    async def close(self) -> None:
+        await self._http.aclose()
