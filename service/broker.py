@@ -311,10 +311,10 @@ class Broker:
             self._count(header.type, "OK")
             self._durations[header.type].observe(time.monotonic() - now)
             return
-        self._enqueue(envelope, header, header_frame, body, no_reply, now)
+        self._enqueue(envelope, header, header_frame, body, no_reply=no_reply, now=now)
 
     def _enqueue(
-        self, envelope: list[bytes], header: Header, header_frame: bytes, body: bytes, no_reply: bool, now: float
+        self, envelope: list[bytes], header: Header, header_frame: bytes, body: bytes, *, no_reply: bool, now: float
     ) -> None:
         """Queue a message (from a client, or made by a worker: no envelope, no reply)."""
         spec = REGISTRY.types_by_id[header.type]
@@ -413,7 +413,7 @@ class Broker:
         if self._stopping:
             self._metrics.rejections.labels("shutting_down").inc()
             return
-        self._enqueue([], decode_header(header_frame), header_frame, body, True, now)
+        self._enqueue([], decode_header(header_frame), header_frame, body, no_reply=True, now=now)
 
     def _dispatch(self, backend: zmq.Socket[Any], now: float) -> None:
         free, queue, inflight = self._free, self.queue, self._inflight

@@ -75,6 +75,7 @@ class Child:
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl(2), safe after fork
+            start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
         )
         log.close()
 
@@ -183,20 +184,29 @@ def _banner(lines: list[tuple[str, str]]) -> None:
         print(f"  {k:<{width}}  {v}", flush=True)  # noqa: T201 - the point of `make run`
 
 
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, "") or default)
+
+
 def main() -> int:
-    """`make run`: master + replica (then, when present, the service and backend) until Ctrl-C."""
+    """`make run`: master + replica, the simulated backend and the service, until Ctrl-C."""
     base = Path(os.environ.get("SMARTCACHE_VAR", ROOT / "var"))
-    port = int(os.environ.get("SC_MASTER_PORT", "3301"))
-    replica_port = int(os.environ.get("SC_REPLICA_PORT", "3302"))
-    master = Tarantool.create("master", base, port=port, http_port=int(os.environ.get("SC_MASTER_HTTP_PORT", "8301")))
-    replica = Tarantool.create(
-        "replica",
-        base,
-        port=replica_port,
-        http_port=int(os.environ.get("SC_REPLICA_HTTP_PORT", "8302")),
-        read_only=True,
-        replication=[master.address],
-    )
+    master = Tarantool.create("master", base, port=_env_int("SC_MASTER_PORT", 3301),
+                              http_port=_env_int("SC_MASTER_HTTP_PORT", 8301))
+    replica = Tarantool.create("replica", base, port=_env_int("SC_REPLICA_PORT", 3302),
+                               http_port=_env_int("SC_REPLICA_HTTP_PORT", 8302), read_only=True,
+                               replication=[master.address])
+    backend_port = _env_int("BACKEND_PORT", 8090)
+    backend = Child(name="backend", argv=[sys.executable, "-m", "loadtest.backend", "--port", str(backend_port)],
+                    env={}, log_path=base / "backend.log")
+    listen = os.environ.get("SMARTCACHE_LISTEN", "tcp://127.0.0.1:5555")
+    metrics_port = _env_int("SMARTCACHE_METRICS_PORT", 9105)
+    service = Child(name="service", argv=[sys.executable, "-m", "service"], log_path=base / "service.log", env={
+        "SMARTCACHE_LISTEN": listen,
+        "SMARTCACHE_TARANTOOL": master.address,
+        "SMARTCACHE_METRICS_PORT": str(metrics_port),
+        "SMARTCACHE_BACKEND_URL": f"http://127.0.0.1:{backend_port}",
+    })
     children: list[Child] = []
     stopping = False
 
@@ -211,23 +221,41 @@ def main() -> int:
             child.start()
             children.append(child)
             child.wait_ready()
-        _banner(
-            [
-                ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
-                ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
-                ("stop", "Ctrl-C"),
-            ]
-        )
+        for child in (backend, service):
+            child.start()
+            children.append(child)
+        _wait_for_port(backend_port, backend)
+        _wait_for_port(metrics_port, service)
+        _banner([
+            ("service (ZeroMQ)", f"{listen}  log {service.log_path}"),
+            ("service metrics", f"http://127.0.0.1:{metrics_port}/metrics"),
+            ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
+            ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
+            ("simulated backend", f"http://127.0.0.1:{backend_port}  log {backend.log_path}"),
+            ("try", f".venv/bin/smartcache-cli --endpoint {listen} ping"),
+            ("stop", "Ctrl-C"),
+        ])
         while not stopping and all(c.alive() for c in children):
             time.sleep(0.2)
         for c in children:
-            if not c.alive():
+            if not stopping and not c.alive():
                 print(f"{c.name} exited unexpectedly:\n{c.log_tail()}", file=sys.stderr)  # noqa: T201
                 return 1
         return 0
     finally:
-        for c in reversed(children):
+        for c in reversed(children):  # service first (it drains), storage last
             c.stop()
+
+
+def _wait_for_port(port: int, child: Child, timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited:\n{child.log_tail()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{child.name} did not open port {port}:\n{child.log_tail()}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,163 @@
+"""``python -m loadtest``: load generator, benchmark, overload and prewarm experiments.
+
+    python -m loadtest run --endpoint tcp://127.0.0.1:5555 --scenario session --inflight 128 --procs 2
+    python -m loadtest run --scenario overload --rate 15000 --duration 10
+    python -m loadtest bench                # what `make bench` runs
+    python -m loadtest overload             # 2.5x capacity against a fresh stack
+    python -m loadtest prewarm              # the original's claim: products before login
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from loadtest import direct, runner
+from loadtest.generator import Job
+from loadtest.report import format_line
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+
+
+def _save(path: str | None, doc: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"\nwrote {path}")
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    job = Job(endpoint=a.endpoint, scenario=a.scenario, duration_s=a.duration, inflight=a.inflight, rate=a.rate,
+              lifetime_ms=a.lifetime_ms)
+    mode = f"rate {a.rate:.0f}/s" if a.rate else f"W={a.inflight}"
+    rep = runner.run(job, a.procs, label=f"{a.scenario} {mode}")
+    print(format_line(rep))
+    print("outcomes:", json.dumps(rep["outcomes"]))
+    _save(a.json, rep)
+    return 0 if not rep["lost"] else 1
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from loadtest.stack import stack
+
+    rows = []
+    with stack() as (master, sut):
+        cpu0 = sut.cpu_seconds()
+        answered = 0
+        for inflight, procs in ((1, 1), (16, 2), (128, 2)):
+            job = Job(endpoint=sut.endpoint, scenario="session", duration_s=a.duration, inflight=inflight)
+            rep = runner.run(job, procs, label=f"service session W={inflight}")
+            answered += rep["replies"]
+            rows.append(rep)
+            print(format_line(rep), flush=True)
+        cpu = sut.cpu_seconds() - cpu0
+        peak_rss = sut.rss_bytes("VmHWM")
+        print("  direct: 4 threads calling the same procedures...", file=sys.stderr, flush=True)
+        d = direct.run(master.address, threads=4, duration_s=a.duration)
+        rows.append(d)
+        print(format_line(d), flush=True)
+    best = max(r["throughput_rps"] for r in rows[:3])
+    summary = {
+        "service_best_rps": best,
+        "direct_rps": d["throughput_rps"],
+        "ratio_service_to_direct": round(best / d["throughput_rps"], 2),
+        "service_peak_rss_mib": round(peak_rss / 2**20, 1),
+        "service_cpu_seconds_per_1000_requests": round(cpu / answered * 1000, 3),
+        "target_12000_rps_at_W128": rows[2]["throughput_rps"] >= 12000,
+        "target_p99_under_10ms_at_W16": rows[1]["latency"]["p99_ms"] < 10,
+    }
+    print()
+    print(f"ratio service/direct: {summary['ratio_service_to_direct']} (original: 7000/12000 = 0.58)")
+    print(f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
+          f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s")
+    print(f"targets: 12,000/s at W=128: {'met' if summary['target_12000_rps_at_W128'] else 'NOT met'}; "
+          f"p99 < 10 ms at W=16: {'met' if summary['target_p99_under_10ms_at_W16'] else 'NOT met'}")
+    _save(a.json, {"machine": _machine(), "runs": rows, "summary": summary, "at": time.strftime("%FT%TZ", time.gmtime())})
+    return 0
+
+
+def cmd_overload(a: argparse.Namespace) -> int:
+    import threading
+
+    from loadtest.stack import stack
+
+    with stack({"SMARTCACHE_QUEUE_CAPACITY": str(a.queue)}) as (_, sut):
+        cap = runner.run(Job(endpoint=sut.endpoint, scenario="session", duration_s=4, inflight=128), 2,
+                         label="capacity probe")
+        rate = cap["throughput_rps"] * a.factor
+        print(format_line(cap))
+        rss: list[int] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.5):
+                rss.append(sut.rss_bytes())
+
+        t = threading.Thread(target=sample, daemon=True)
+        t.start()
+        rep = runner.run(Job(endpoint=sut.endpoint, scenario="overload", duration_s=a.duration, rate=rate), a.procs,
+                         label=f"overload {a.factor}x = {rate:.0f}/s")
+        stop.set()
+        t.join()
+    print(format_line(rep))
+    print("outcomes:", json.dumps(rep["outcomes"]))
+    rss_mib = [round(x / 2**20, 1) for x in rss]
+    print(f"service RSS during overload (MiB): first {rss_mib[0]}, min {min(rss_mib)}, max {max(rss_mib)}, "
+          f"last {rss_mib[-1]}")
+    _save(a.json, {"capacity": cap, "overload": rep, "rss_mib": rss_mib})
+    return 0
+
+
+def cmd_prewarm(a: argparse.Namespace) -> int:
+    from loadtest.prewarm import run as run_prewarm
+
+    doc = run_prewarm(logins=a.logins, latency_ms=a.latency_ms, reads_per_type=a.reads)
+    _save(a.json, doc)
+    return 0
+
+
+def _machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "kernel": platform.release()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="one load run against a running service")
+    r.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    r.add_argument("--scenario", default="session", choices=["session", "cache", "mixed", "overload", "slow-backend"])
+    r.add_argument("--inflight", type=int, default=16, help="closed loop: requests in flight in all")
+    r.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second in all")
+    r.add_argument("--procs", type=int, default=2)
+    r.add_argument("--duration", type=float, default=10.0)
+    r.add_argument("--lifetime-ms", type=int, default=0)
+    r.add_argument("--json")
+    b = sub.add_parser("bench", help="session scenario W=1/16/128 through the service, and direct")
+    b.add_argument("--duration", type=float, default=10.0)
+    b.add_argument("--json", default="var/bench.json")
+    o = sub.add_parser("overload", help="open loop at factor x measured capacity")
+    o.add_argument("--factor", type=float, default=2.5)
+    o.add_argument("--duration", type=float, default=10.0)
+    o.add_argument("--queue", type=int, default=3000)
+    o.add_argument("--procs", type=int, default=3)
+    o.add_argument("--json", default="var/overload.json")
+    w = sub.add_parser("prewarm", help="time to products after login, with and without prewarm")
+    w.add_argument("--logins", type=int, default=200)
+    w.add_argument("--latency-ms", type=float, default=200.0)
+    w.add_argument("--reads", type=int, default=4, help="product reads per data type per session")
+    w.add_argument("--json", default="var/prewarm.json")
+    a = p.parse_args(argv)
+    Path("var").mkdir(exist_ok=True)
+    return {"run": cmd_run, "bench": cmd_bench, "overload": cmd_overload, "prewarm": cmd_prewarm}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
