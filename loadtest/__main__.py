@@ -1,24 +1,29 @@
 """``python -m loadtest``: load generator, benchmark, overload and prewarm experiments.
 
-    python -m loadtest run --endpoint tcp://127.0.0.1:5555 --scenario session --inflight 128 --procs 2
-    python -m loadtest run --scenario overload --rate 15000 --duration 10
-    python -m loadtest bench                # what `make bench` runs
-    python -m loadtest overload             # 2.5x capacity against a fresh stack
-    python -m loadtest prewarm              # the original's claim: products before login
+python -m loadtest run --endpoint tcp://127.0.0.1:5555 --scenario session --inflight 128 --procs 2
+python -m loadtest run --scenario overload --rate 15000 --duration 10
+python -m loadtest bench                # what `make bench` runs
+python -m loadtest overload             # 2.5x capacity against a fresh stack
+python -m loadtest prewarm              # the original's claim: products before login
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from loadtest import direct, runner
 from loadtest.generator import Job
+from loadtest.prewarm import run as run_prewarm
 from loadtest.report import format_line
+from loadtest.stack import stack
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
@@ -30,8 +35,14 @@ def _save(path: str | None, doc: dict[str, Any]) -> None:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    job = Job(endpoint=a.endpoint, scenario=a.scenario, duration_s=a.duration, inflight=a.inflight, rate=a.rate,
-              lifetime_ms=a.lifetime_ms)
+    job = Job(
+        endpoint=a.endpoint,
+        scenario=a.scenario,
+        duration_s=a.duration,
+        inflight=a.inflight,
+        rate=a.rate,
+        lifetime_ms=a.lifetime_ms,
+    )
     mode = f"rate {a.rate:.0f}/s" if a.rate else f"W={a.inflight}"
     rep = runner.run(job, a.procs, label=f"{a.scenario} {mode}")
     print(format_line(rep))
@@ -41,8 +52,6 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from loadtest.stack import stack
-
     rows = []
     with stack() as (master, sut):
         cpu0 = sut.cpu_seconds()
@@ -71,22 +80,25 @@ def cmd_bench(a: argparse.Namespace) -> int:
     }
     print()
     print(f"ratio service/direct: {summary['ratio_service_to_direct']} (original: 7000/12000 = 0.58)")
-    print(f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
-          f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s")
-    print(f"targets: 12,000/s at W=128: {'met' if summary['target_12000_rps_at_W128'] else 'NOT met'}; "
-          f"p99 < 10 ms at W=16: {'met' if summary['target_p99_under_10ms_at_W16'] else 'NOT met'}")
-    _save(a.json, {"machine": _machine(), "runs": rows, "summary": summary, "at": time.strftime("%FT%TZ", time.gmtime())})
+    print(
+        f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
+        f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s"
+    )
+    print(
+        f"targets: 12,000/s at W=128: {'met' if summary['target_12000_rps_at_W128'] else 'NOT met'}; "
+        f"p99 < 10 ms at W=16: {'met' if summary['target_p99_under_10ms_at_W16'] else 'NOT met'}"
+    )
+    _save(
+        a.json, {"machine": _machine(), "runs": rows, "summary": summary, "at": time.strftime("%FT%TZ", time.gmtime())}
+    )
     return 0
 
 
 def cmd_overload(a: argparse.Namespace) -> int:
-    import threading
-
-    from loadtest.stack import stack
-
     with stack({"SMARTCACHE_QUEUE_CAPACITY": str(a.queue)}) as (_, sut):
-        cap = runner.run(Job(endpoint=sut.endpoint, scenario="session", duration_s=4, inflight=128), 2,
-                         label="capacity probe")
+        cap = runner.run(
+            Job(endpoint=sut.endpoint, scenario="session", duration_s=4, inflight=128), 2, label="capacity probe"
+        )
         rate = cap["throughput_rps"] * a.factor
         print(format_line(cap))
         rss: list[int] = []
@@ -98,33 +110,39 @@ def cmd_overload(a: argparse.Namespace) -> int:
 
         t = threading.Thread(target=sample, daemon=True)
         t.start()
-        rep = runner.run(Job(endpoint=sut.endpoint, scenario="overload", duration_s=a.duration, rate=rate), a.procs,
-                         label=f"overload {a.factor}x = {rate:.0f}/s")
+        rep = runner.run(
+            Job(endpoint=sut.endpoint, scenario="overload", duration_s=a.duration, rate=rate),
+            a.procs,
+            label=f"overload {a.factor}x = {rate:.0f}/s",
+        )
         stop.set()
         t.join()
     print(format_line(rep))
     print("outcomes:", json.dumps(rep["outcomes"]))
     rss_mib = [round(x / 2**20, 1) for x in rss]
-    print(f"service RSS during overload (MiB): first {rss_mib[0]}, min {min(rss_mib)}, max {max(rss_mib)}, "
-          f"last {rss_mib[-1]}")
+    print(
+        f"service RSS during overload (MiB): first {rss_mib[0]}, min {min(rss_mib)}, max {max(rss_mib)}, "
+        f"last {rss_mib[-1]}"
+    )
     _save(a.json, {"capacity": cap, "overload": rep, "rss_mib": rss_mib})
     return 0
 
 
 def cmd_prewarm(a: argparse.Namespace) -> int:
-    from loadtest.prewarm import run as run_prewarm
-
     doc = run_prewarm(logins=a.logins, latency_ms=a.latency_ms, reads_per_type=a.reads)
     _save(a.json, doc)
     return 0
 
 
 def _machine() -> dict[str, Any]:
-    import os
-    import platform
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
     return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "kernel": platform.release()}
 
 

@@ -17,9 +17,17 @@ import tarantool
 from loadtest.report import summarize
 from loadtest.scenarios import BODY_100
 
+DEFAULT_USER = DEFAULT_PASSWORD = "smartcache"  # noqa: S105 - the local default, as in lua/README.md
 
-def run(address: str, *, threads: int = 4, duration_s: float = 10.0, user: str = "smartcache",
-        password: str = "smartcache") -> dict[str, Any]:
+
+def run(
+    address: str,
+    *,
+    threads: int = 4,
+    duration_s: float = 10.0,
+    user: str = DEFAULT_USER,
+    password: str = DEFAULT_PASSWORD,
+) -> dict[str, Any]:
     host, _, port = address.rpartition(":")
     latencies: list[list[float]] = [[] for _ in range(threads)]
     errors = [0] * threads
@@ -51,6 +59,15 @@ def run(address: str, *, threads: int = 4, duration_s: float = 10.0, user: str =
         t.join()
     elapsed = time.monotonic() - started
     merged = [x for lat in latencies for x in lat]
-    return {"label": f"direct ({threads} threads)", "elapsed_s": round(elapsed, 3), "replies": len(merged),
-            "throughput_rps": round(len(merged) / elapsed, 1), "latency": summarize(merged), "errors": sum(errors),
-            "refusal_latency": None, "lost": 0, "refusals_rps": 0, "outcomes": {"OK": len(merged)}}
+    return {
+        "label": f"direct ({threads} threads)",
+        "elapsed_s": round(elapsed, 3),
+        "replies": len(merged),
+        "throughput_rps": round(len(merged) / elapsed, 1),
+        "latency": summarize(merged),
+        "errors": sum(errors),
+        "refusal_latency": None,
+        "lost": 0,
+        "refusals_rps": 0,
+        "outcomes": {"OK": len(merged)},
+    }

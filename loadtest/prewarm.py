@@ -32,8 +32,16 @@ THINK_MS = 1000
 CONCURRENT_LOGINS = 20
 
 
-async def _login(client: AsyncClient | None, http: httpx.AsyncClient, backend_url: str, n: int, mode: str,
-                 reads: int, first: list[float]) -> None:
+async def _login(
+    client: AsyncClient | None,
+    http: httpx.AsyncClient,
+    backend_url: str,
+    *,
+    n: int,
+    mode: str,
+    reads: int,
+    first: list[float],
+) -> None:
     device, client_id = f"{mode}-dev-{n}", f"{mode}-client-{n}"
     if mode == "prewarm":
         assert client is not None
@@ -59,28 +67,37 @@ async def _run_mode(endpoint: str, backend: Backend, mode: str, logins: int, rea
     first: list[float] = []
     sem = asyncio.Semaphore(CONCURRENT_LOGINS)
     async with httpx.AsyncClient(timeout=30) as http:
+
         async def one(n: int) -> None:
             async with sem:
-                await _login(client, http, backend.url, n, mode, reads, first)
+                await _login(client, http, backend.url, n=n, mode=mode, reads=reads, first=first)
 
         await asyncio.gather(*(one(n) for n in range(logins)))
     if client is not None:
         client.close()
     calls = backend.state.stats()["calls"]
-    return {"mode": mode, "logins": logins, "products_after_login": summarize(first),
-            "backend_calls_per_login": round(calls / logins, 2)}
+    return {
+        "mode": mode,
+        "logins": logins,
+        "products_after_login": summarize(first),
+        "backend_calls_per_login": round(calls / logins, 2),
+    }
 
 
 def run(*, logins: int = 200, latency_ms: float = 200.0, reads_per_type: int = 4) -> dict[str, Any]:
     backend = Backend(latency_ms=latency_ms).start()
     try:
         with stack({"SMARTCACHE_BACKEND_URL": backend.url}) as (_, sut):
-            rows = [asyncio.run(_run_mode(sut.endpoint, backend, mode, logins, reads_per_type))
-                    for mode in ("no smartcache", "cold", "prewarm")]
+            rows = [
+                asyncio.run(_run_mode(sut.endpoint, backend, mode, logins, reads_per_type))
+                for mode in ("no smartcache", "cold", "prewarm")
+            ]
     finally:
         backend.stop()
-    print(f"backend latency {latency_ms:.0f} ms; {logins} logins; {len(TYPES)} data types; "
-          f"{reads_per_type} reads per type per session")
+    print(
+        f"backend latency {latency_ms:.0f} ms; {logins} logins; {len(TYPES)} data types; "
+        f"{reads_per_type} reads per type per session"
+    )
     print(f"{'mode':<15} {'p50 ms':>8} {'p99 ms':>8} {'backend calls/login':>20}")
     for r in rows:
         lat = r["products_after_login"]
@@ -88,6 +105,7 @@ def run(*, logins: int = 200, latency_ms: float = 200.0, reads_per_type: int = 4
     base, pre = rows[0], rows[2]
     speedup = base["products_after_login"]["p50_ms"] / pre["products_after_login"]["p50_ms"]
     fewer = base["backend_calls_per_login"] / pre["backend_calls_per_login"]
-    print(f"prewarm vs no smartcache: {speedup:.0f}x faster (p50), {fewer:.1f}x fewer backend calls "
-          f"(original: 10x, 4x)")
+    print(
+        f"prewarm vs no smartcache: {speedup:.0f}x faster (p50), {fewer:.1f}x fewer backend calls (original: 10x, 4x)"
+    )
     return {"latency_ms": latency_ms, "rows": rows, "speedup_p50": round(speedup, 1), "fewer_calls": round(fewer, 2)}

@@ -46,8 +46,13 @@ def stack(service_env: dict[str, str] | None = None) -> Iterator[tuple[Tarantool
     try:
         master.wait_ready()
         port, metrics_port = free_port(), free_port()
-        env = {**os.environ, "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}", "SMARTCACHE_TARANTOOL": master.address,
-               "SMARTCACHE_METRICS_PORT": str(metrics_port), **(service_env or {})}
+        env = {
+            **os.environ,
+            "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}",
+            "SMARTCACHE_TARANTOOL": master.address,
+            "SMARTCACHE_METRICS_PORT": str(metrics_port),
+            **(service_env or {}),
+        }
         with (base / "service.log").open("wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=log, stderr=subprocess.STDOUT)
         sut = ServiceUnderTest(proc, f"tcp://127.0.0.1:{port}", metrics_port)

@@ -191,22 +191,37 @@ def _env_int(name: str, default: int) -> int:
 def main() -> int:
     """`make run`: master + replica, the simulated backend and the service, until Ctrl-C."""
     base = Path(os.environ.get("SMARTCACHE_VAR", ROOT / "var"))
-    master = Tarantool.create("master", base, port=_env_int("SC_MASTER_PORT", 3301),
-                              http_port=_env_int("SC_MASTER_HTTP_PORT", 8301))
-    replica = Tarantool.create("replica", base, port=_env_int("SC_REPLICA_PORT", 3302),
-                               http_port=_env_int("SC_REPLICA_HTTP_PORT", 8302), read_only=True,
-                               replication=[master.address])
+    master = Tarantool.create(
+        "master", base, port=_env_int("SC_MASTER_PORT", 3301), http_port=_env_int("SC_MASTER_HTTP_PORT", 8301)
+    )
+    replica = Tarantool.create(
+        "replica",
+        base,
+        port=_env_int("SC_REPLICA_PORT", 3302),
+        http_port=_env_int("SC_REPLICA_HTTP_PORT", 8302),
+        read_only=True,
+        replication=[master.address],
+    )
     backend_port = _env_int("BACKEND_PORT", 8090)
-    backend = Child(name="backend", argv=[sys.executable, "-m", "loadtest.backend", "--port", str(backend_port)],
-                    env={}, log_path=base / "backend.log")
+    backend = Child(
+        name="backend",
+        argv=[sys.executable, "-m", "loadtest.backend", "--port", str(backend_port)],
+        env={},
+        log_path=base / "backend.log",
+    )
     listen = os.environ.get("SMARTCACHE_LISTEN", "tcp://127.0.0.1:5555")
     metrics_port = _env_int("SMARTCACHE_METRICS_PORT", 9105)
-    service = Child(name="service", argv=[sys.executable, "-m", "service"], log_path=base / "service.log", env={
-        "SMARTCACHE_LISTEN": listen,
-        "SMARTCACHE_TARANTOOL": master.address,
-        "SMARTCACHE_METRICS_PORT": str(metrics_port),
-        "SMARTCACHE_BACKEND_URL": f"http://127.0.0.1:{backend_port}",
-    })
+    service = Child(
+        name="service",
+        argv=[sys.executable, "-m", "service"],
+        log_path=base / "service.log",
+        env={
+            "SMARTCACHE_LISTEN": listen,
+            "SMARTCACHE_TARANTOOL": master.address,
+            "SMARTCACHE_METRICS_PORT": str(metrics_port),
+            "SMARTCACHE_BACKEND_URL": f"http://127.0.0.1:{backend_port}",
+        },
+    )
     children: list[Child] = []
     stopping = False
 
@@ -217,24 +232,26 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        for child in (master, replica):
-            child.start()
-            children.append(child)
-            child.wait_ready()
+        for instance in (master, replica):
+            instance.start()
+            children.append(instance)
+            instance.wait_ready()
         for child in (backend, service):
             child.start()
             children.append(child)
         _wait_for_port(backend_port, backend)
         _wait_for_port(metrics_port, service)
-        _banner([
-            ("service (ZeroMQ)", f"{listen}  log {service.log_path}"),
-            ("service metrics", f"http://127.0.0.1:{metrics_port}/metrics"),
-            ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
-            ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
-            ("simulated backend", f"http://127.0.0.1:{backend_port}  log {backend.log_path}"),
-            ("try", f".venv/bin/smartcache-cli --endpoint {listen} ping"),
-            ("stop", "Ctrl-C"),
-        ])
+        _banner(
+            [
+                ("service (ZeroMQ)", f"{listen}  log {service.log_path}"),
+                ("service metrics", f"http://127.0.0.1:{metrics_port}/metrics"),
+                ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
+                ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
+                ("simulated backend", f"http://127.0.0.1:{backend_port}  log {backend.log_path}"),
+                ("try", f".venv/bin/smartcache-cli --endpoint {listen} ping"),
+                ("stop", "Ctrl-C"),
+            ]
+        )
         while not stopping and all(c.alive() for c in children):
             time.sleep(0.2)
         for c in children:
