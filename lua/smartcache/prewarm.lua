@@ -62,8 +62,9 @@ function M.acquire(client_id, data_type, owner, lease_ms, max_age_ms, session_id
         end
         local updated_at = t and t[F.updated_at] or 0
         local data = t and t[F.data] or nil
-        box.space.prewarm:replace({client_id, data_type, util.opt(session_id, ''), util.opt(version, ''), updated_at, UPDATING,
-                                   owner, now + lease_ms, now + config.prewarm_retention_ms, data})
+        box.space.prewarm:replace({client_id, data_type, util.opt(session_id, ''), util.opt(version, ''),
+                                   updated_at, UPDATING, owner, now + lease_ms,
+                                   now + config.prewarm_retention_ms, data})
         return util.result('ACQUIRED', {lease_ms = lease_ms})
     end)
 end
