@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import direct, runner
+from loadtest.backend import Backend
 from loadtest.generator import Job
 from loadtest.prewarm import run as run_prewarm
 from loadtest.report import format_line
@@ -95,35 +96,35 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def cmd_overload(a: argparse.Namespace) -> int:
-    with stack({"SMARTCACHE_QUEUE_CAPACITY": str(a.queue)}) as (_, sut):
-        cap = runner.run(
-            Job(endpoint=sut.endpoint, scenario="session", duration_s=4, inflight=128), 2, label="capacity probe"
-        )
-        rate = cap["throughput_rps"] * a.factor
-        print(format_line(cap))
-        rss: list[int] = []
-        stop = threading.Event()
+    """Measure capacity closed-loop, then drive factor x that rate open-loop; watch refusals and RSS."""
+    backend = Backend(latency_ms=a.backend_ms).start()
+    env = {"SMARTCACHE_QUEUE_CAPACITY": str(a.queue), "SMARTCACHE_BACKEND_URL": backend.url}
+    try:
+        with stack(env) as (_, sut):
+            probe = Job(endpoint=sut.endpoint, scenario=a.scenario, duration_s=4, inflight=a.probe_inflight)
+            cap = runner.run(probe, 2, label="capacity probe")
+            rate = cap["throughput_rps"] * a.factor
+            print(format_line(cap), flush=True)
+            rss: list[int] = []
+            stop = threading.Event()
 
-        def sample() -> None:
-            while not stop.wait(0.5):
-                rss.append(sut.rss_bytes())
+            def sample() -> None:
+                while not stop.wait(0.5):
+                    rss.append(sut.rss_bytes())
 
-        t = threading.Thread(target=sample, daemon=True)
-        t.start()
-        rep = runner.run(
-            Job(endpoint=sut.endpoint, scenario="overload", duration_s=a.duration, rate=rate),
-            a.procs,
-            label=f"overload {a.factor}x = {rate:.0f}/s",
-        )
-        stop.set()
-        t.join()
+            t = threading.Thread(target=sample, daemon=True)
+            t.start()
+            job = Job(endpoint=sut.endpoint, scenario=a.scenario, duration_s=a.duration, rate=rate)
+            rep = runner.run(job, a.procs, label=f"{a.scenario} {a.factor}x = {rate:.0f}/s")
+            stop.set()
+            t.join()
+    finally:
+        backend.stop()
     print(format_line(rep))
     print("outcomes:", json.dumps(rep["outcomes"]))
     rss_mib = [round(x / 2**20, 1) for x in rss]
-    print(
-        f"service RSS during overload (MiB): first {rss_mib[0]}, min {min(rss_mib)}, max {max(rss_mib)}, "
-        f"last {rss_mib[-1]}"
-    )
+    print(f"service RSS during overload (MiB): first {rss_mib[0]}, min {min(rss_mib)}, max {max(rss_mib)}, "
+          f"last {rss_mib[-1]}")
     _save(a.json, {"capacity": cap, "overload": rep, "rss_mib": rss_mib})
     return 0
 
@@ -162,10 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--json", default="var/bench.json")
     o = sub.add_parser("overload", help="open loop at factor x measured capacity")
+    o.add_argument("--scenario", default="slow-backend", choices=["slow-backend", "session", "cache"])
     o.add_argument("--factor", type=float, default=2.5)
     o.add_argument("--duration", type=float, default=10.0)
-    o.add_argument("--queue", type=int, default=3000)
-    o.add_argument("--procs", type=int, default=3)
+    o.add_argument("--queue", type=int, default=300)
+    o.add_argument("--backend-ms", type=float, default=200.0, help="simulated backend latency (slow-backend)")
+    o.add_argument("--probe-inflight", type=int, default=128)
+    o.add_argument("--procs", type=int, default=2)
     o.add_argument("--json", default="var/overload.json")
     w = sub.add_parser("prewarm", help="time to products after login, with and without prewarm")
     w.add_argument("--logins", type=int, default=200)

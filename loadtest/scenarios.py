@@ -116,12 +116,27 @@ class MixedScenario(Scenario):
         self._sessions: list[bytes] = []
 
 
+class ProductsScenario(Scenario):
+    """PRODUCTS_GET for a new client every time: every request reaches the (slow) backend."""
+
+    def first(self, slot: int) -> Request:
+        self._n += 1
+        return ("PRODUCTS_GET", {"client_id": f"o{self.seed}-{self._n}", "data_type": 1}, NO_SESSION)
+
+    def next(self, slot: int, status: str, session: bytes) -> Request:
+        return self.first(slot)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._n = 0
+
+
 SCENARIOS: dict[str, type[Scenario]] = {
     "session": SessionScenario,
     "cache": CacheScenario,
     "mixed": MixedScenario,
     "overload": SessionScenario,  # same requests, driven open-loop at 2-3x capacity
-    "slow-backend": MixedScenario,
+    "slow-backend": ProductsScenario,
 }
 
 

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import errno
 import itertools
+import struct
 import threading
 import time
 from collections import deque
@@ -52,7 +53,12 @@ log = structlog.get_logger("broker")
 STOP_POLL_S = 0.02
 STOP_GRACE_S = 5.0
 CLIENT_BATCH = 512  # client messages read per loop turn, so workers' replies are not starved
-FRONTEND_HWM = 100_000
+#: per client connection: a client that sends faster than we read is pushed back by TCP, not buffered here
+FRONTEND_RCVHWM = 1000
+#: replies waiting for a slow client; beyond this they are dropped and counted
+FRONTEND_SNDHWM = 10_000
+#: transport_error (u16) and flags (u8) at offset 4 of the header
+_ERROR_FIELDS = struct.Struct("!HB")
 FLUSH_LINGER_MS = 2000
 _PING = REGISTRY.types["PING"].id
 _APP_START = REGISTRY.types["APP_START"].id
@@ -100,6 +106,8 @@ class Broker:
         self._type_names = {t.id: t.name for t in REGISTRY.types.values()}
         self._durations = {t.id: metrics.duration.labels(t.name) for t in REGISTRY.types.values()}
         self._outcomes: dict[tuple[int, str], Any] = {}
+        self._rejections = {r: metrics.rejections.labels(r) for r in ("full", "evicted", "expired", "shutting_down")}
+        self._error_bodies: dict[tuple[str, str], bytes] = {}
         metrics.queue_capacity.set(settings.queue_capacity)
         metrics.watch(metrics.queue_depth, lambda: len(self.queue))
         metrics.watch(metrics.workers_busy, lambda: len(self._inflight))
@@ -151,8 +159,8 @@ class Broker:
         control = self._control = ctx.socket(zmq.PAIR)
         try:
             frontend.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            frontend.setsockopt(zmq.SNDHWM, FRONTEND_HWM)
-            frontend.setsockopt(zmq.RCVHWM, FRONTEND_HWM)
+            frontend.setsockopt(zmq.SNDHWM, FRONTEND_SNDHWM)
+            frontend.setsockopt(zmq.RCVHWM, FRONTEND_RCVHWM)
             frontend.bind(self._settings.listen)
             self.endpoint = frontend.getsockopt_string(zmq.LAST_ENDPOINT)
             backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -169,6 +177,8 @@ class Broker:
         loop = self._loop = asyncio.get_running_loop()
         self._finished = loop.create_future()
         workers = [loop.create_task(w.run()) for w in self._local_workers]
+        for task in workers:
+            task.add_done_callback(self._worker_ended)
         self._bound.set()
         log.info("broker_listening", endpoint=self.endpoint, queue_capacity=self.queue.capacity)
         for sock in (frontend, backend, control):
@@ -190,6 +200,15 @@ class Broker:
             backend.close(linger=0)
             control.close(linger=0)
             log.info("broker_stopped")
+
+    def _worker_ended(self, task: asyncio.Task[None]) -> None:
+        """A worker on this loop must not die quietly: stop the broker with its error."""
+        if task.cancelled() or self._finished.done():
+            return
+        error = task.exception() or RuntimeError("worker stopped")
+        if not self._stopping:
+            log.error("worker_died", error=repr(error))
+            self._finished.set_exception(error)
 
     def _on_event(self) -> None:
         """One turn: read what is ready, expire, dispatch, re-arm. Runs on every FD wake-up and timer."""
@@ -299,7 +318,7 @@ class Broker:
             return
         if self._stopping:
             self._answer_error(envelope, header, "SHUTTING_DOWN", "service is stopping", no_reply)
-            self._metrics.rejections.labels("shutting_down").inc()
+            self._rejections["shutting_down"].inc()
             return
         if header.type == _PING:
             if not no_reply:
@@ -347,9 +366,17 @@ class Broker:
         self._answer_error(envelope, header, error, message, no_reply)
 
     def _refuse(self, h: Holder, error: str, message: str, reason: str) -> None:
-        """Answer a holder that will not be executed."""
-        self._metrics.rejections.labels(reason).inc()
-        self._answer_error(h.envelope, loose_header(h.header), error, message, h.no_reply)
+        """Answer a holder that will not be executed: the cheap path, it runs at overload rates."""
+        self._rejections[reason].inc()
+        self._count(h.type_id, error)
+        if not h.no_reply:
+            # The holder's header was validated: patch transport_error and flags in place.
+            frame = h.header
+            header = frame[:4] + _ERROR_FIELDS.pack(TRANSPORT_ERROR[error], FLAG_DATA_ERROR) + frame[7:]
+            body = self._error_bodies.get((error, message))
+            if body is None:
+                body = self._error_bodies[(error, message)] = encode_body(error_body("ERROR", error, message))
+            self._send(h.envelope, header, body)
         self._durations[h.type_id].observe(time.monotonic() - h.arrived)
 
     def _answer_error(self, envelope: list[bytes], header: Header, error: str, message: str, no_reply: bool) -> None:
@@ -411,7 +438,7 @@ class Broker:
 
     def _from_worker_enqueue(self, header_frame: bytes, body: bytes, now: float) -> None:
         if self._stopping:
-            self._metrics.rejections.labels("shutting_down").inc()
+            self._rejections["shutting_down"].inc()
             return
         self._enqueue([], decode_header(header_frame), header_frame, body, no_reply=True, now=now)
 
