@@ -123,8 +123,10 @@ def cmd_overload(a: argparse.Namespace) -> int:
     print(format_line(rep))
     print("outcomes:", json.dumps(rep["outcomes"]))
     rss_mib = [round(x / 2**20, 1) for x in rss]
-    print(f"service RSS during overload (MiB): first {rss_mib[0]}, min {min(rss_mib)}, max {max(rss_mib)}, "
-          f"last {rss_mib[-1]}")
+    print(
+        f"service RSS during overload (MiB): first {rss_mib[0]}, min {min(rss_mib)}, max {max(rss_mib)}, "
+        f"last {rss_mib[-1]}"
+    )
     _save(a.json, {"capacity": cap, "overload": rep, "rss_mib": rss_mib})
     return 0
 

@@ -53,8 +53,9 @@ class Backend:
             try:
                 if left <= 0:
                     raise BackendError(f"no time left for {url}")
-                timeout = aiohttp.ClientTimeout(total=min(left, self._s.backend_timeout_s),
-                                                sock_connect=self._s.backend_connect_timeout_s)
+                timeout = aiohttp.ClientTimeout(
+                    total=min(left, self._s.backend_timeout_s), sock_connect=self._s.backend_connect_timeout_s
+                )
                 async with self._session().get(url, timeout=timeout) as resp:
                     if resp.status >= 500:
                         raise BackendError(f"backend answered HTTP {resp.status}")
@@ -68,7 +69,7 @@ class Backend:
                 self._observe(label, "bad_reply" if isinstance(e, BackendBadReply) else "error", started)
                 if isinstance(e, BackendBadReply) or not self._retry(attempt, deadline, loop.time()):
                     raise
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError) as e:
                 self._observe(label, "error", started)
                 if not self._retry(attempt, deadline, loop.time()):
                     raise BackendError(f"{type(e).__name__} from {url}: {e}") from e
