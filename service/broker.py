@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 import zmq
 
+from service import eventloop
 from service.config import Settings
 from service.errors import ProtocolError
 from service.metrics import Metrics
@@ -150,7 +151,7 @@ class Broker:
     # workers that share this loop (worker_threads = 0).
 
     def _run(self) -> None:
-        asyncio.run(self._main())
+        eventloop.run(self._main())
 
     async def _main(self) -> None:
         ctx = self._ctx
@@ -275,11 +276,9 @@ class Broker:
     def _from_clients(self, frontend: zmq.Socket[Any]) -> bool:
         """Accept up to one batch; True when more may be waiting."""
         for _ in range(CLIENT_BATCH):
-            try:
-                frames = recv_frames(frontend)
-            except zmq.Again:
+            if not readable(frontend):  # cheaper than catching zmq.Again
                 return False
-            self._accept(frames, time.monotonic())
+            self._accept(recv_frames(frontend), time.monotonic())
         return True
 
     def _accept(self, frames: list[bytes], now: float) -> None:
@@ -409,11 +408,8 @@ class Broker:
 
     def _from_workers(self, backend: zmq.Socket[Any]) -> None:
         free, inflight, queue, now = self._free, self._inflight, self.queue, time.monotonic()
-        while True:
-            try:
-                frames = recv_frames(backend)
-            except zmq.Again:
-                return
+        while readable(backend):
+            frames = recv_frames(backend)
             wid = frames[0]
             for i in range(1, len(frames) - 3, 4):
                 kind = frames[i]
