@@ -32,7 +32,6 @@ from typing import Any
 import structlog
 import zmq
 
-from service import eventloop
 from service.backend import Backend
 from service.config import Settings
 from service.errors import ProtocolError, StorageUnavailable
@@ -290,7 +289,7 @@ class WorkerThread:
         self._thread = threading.Thread(target=self._run, name=f"worker-{worker.index}", daemon=True)
 
     def _run(self) -> None:
-        eventloop.run(self.worker.run(self._connected.set))
+        asyncio.run(self.worker.run(self._connected.set))
 
     def start(self) -> None:
         self._thread.start()
