@@ -15,7 +15,6 @@ accepted message gets exactly one answer (none for NO_REPLY ones).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import itertools
 import struct
@@ -53,6 +52,7 @@ log = structlog.get_logger("broker")
 STOP_POLL_S = 0.02
 STOP_GRACE_S = 5.0
 CLIENT_BATCH = 512  # client messages read per loop turn, so workers' replies are not starved
+FINAL_READ_BATCHES = 100  # at stop: up to this many batches already sent to us are answered
 #: per client connection: a client that sends faster than we read is pushed back by TCP, not buffered here
 FRONTEND_RCVHWM = 1000
 #: replies waiting for a slow client; beyond this they are dropped and counted
@@ -483,7 +483,7 @@ class Broker:
         if left or self._inflight:
             log.warning("broker_drain_incomplete", queued=len(left), running=len(self._inflight))
         self._inflight.clear()
-        # Whatever clients sent before we stopped listening still gets its answer.
-        with contextlib.suppress(zmq.ZMQError):
-            frontend.setsockopt(zmq.RCVTIMEO, 0)
-            self._from_clients(frontend)
+        # Whatever clients sent before we stopped listening still gets its answer (SHUTTING_DOWN).
+        for _ in range(FINAL_READ_BATCHES):
+            if not self._from_clients(frontend):
+                break
