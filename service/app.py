@@ -20,7 +20,7 @@ from service.broker import Broker
 from service.config import Settings, SettingsError
 from service.handlers import Handler
 from service.metrics import Metrics
-from service.workers import WorkerPool, set_debug
+from service.workers import WorkerPool
 
 log = structlog.get_logger("main")
 
@@ -76,7 +76,6 @@ def main() -> int:
         log.error("bad_settings", error=str(e))  # noqa: TRY400 - the message says it all
         return 2
     logs.configure(settings.log_level)
-    set_debug(settings.log_level == "debug")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -118,7 +118,6 @@ class Tarantool(Child):
     port: int = 0
     http_port: int = 0
     data_dir: Path = field(default_factory=Path)
-    password: str = "smartcache"  # noqa: S105 - local test instance
 
     @classmethod
     def create(
