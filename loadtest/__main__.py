@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--procs", type=int, default=2)
     r.add_argument("--duration", type=float, default=10.0)
     r.add_argument("--lifetime-ms", type=int, default=0)
-    r.add_argument("--json")
+    r.add_argument("--json", default="var/run.json")
     b = sub.add_parser("bench", help="session scenario W=1/16/128 through the service, and direct")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--json", default="var/bench.json")
