@@ -59,6 +59,8 @@ class PriorityQueue:
             levels.setdefault(prio, []).append(type_id)
         #: [(priority, [type ids])], most urgent first
         self._levels = sorted(levels.items())
+        #: queued holders per priority, so pop_ready skips empty levels without looking at their types
+        self._level_depth = dict.fromkeys(levels, 0)
         self._heap: list[tuple[float, int, Holder]] = []
         self.depth = 0
 
@@ -75,6 +77,7 @@ class PriorityQueue:
         self._fifo[h.type_id].append(h)
         heapq.heappush(self._heap, (h.deadline, h.seq, h))
         self.depth += 1
+        self._level_depth[h.priority] += 1
         if len(self._heap) > _HEAP_SLACK * self.capacity:
             self._heap = [(x.deadline, x.seq, x) for _, _, x in self._heap if x.state == QUEUED]
             heapq.heapify(self._heap)
@@ -93,14 +96,15 @@ class PriorityQueue:
                     newest = q
             if newest is not None:
                 victim = newest.pop()
-                victim.state = FINISHED
-                self.depth -= 1
+                self._take(victim, FINISHED)
                 return victim
         return None
 
     def pop_ready(self) -> Holder | None:
         """The most urgent queued holder whose type is under its bulkhead limit, marked running."""
-        for _, types in self._levels:
+        for prio, types in self._levels:
+            if not self._level_depth[prio]:
+                continue
             best: deque[Holder] | None = None
             for t in types:
                 q = self._fifo[t]
@@ -110,11 +114,16 @@ class PriorityQueue:
                     best = q
             if best is not None:
                 h = best.popleft()
-                h.state = RUNNING
+                self._take(h, RUNNING)
                 self.running[h.type_id] += 1
-                self.depth -= 1
                 return h
         return None
+
+    def _take(self, h: Holder, state: int) -> None:
+        """A queued holder leaves the queue."""
+        h.state = state
+        self.depth -= 1
+        self._level_depth[h.priority] -= 1
 
     def done(self, h: Holder) -> None:
         """A running holder finished (answered, or given up on)."""
@@ -128,8 +137,7 @@ class PriorityQueue:
         while heap and heap[0][0] <= now:
             h = heapq.heappop(heap)[2]
             if h.state == QUEUED:
-                h.state = FINISHED
-                self.depth -= 1
+                self._take(h, FINISHED)
                 yield h
 
     def next_deadline(self) -> float | None:
@@ -148,4 +156,5 @@ class PriorityQueue:
         for h in out:
             h.state = FINISHED
         self.depth = 0
+        self._level_depth = dict.fromkeys(self._level_depth, 0)
         return sorted(out, key=lambda h: h.seq)

@@ -46,11 +46,12 @@ from service.protocol import (
     STATUS,
     TRANSPORT_ERROR,
     Header,
+    MessageSpec,
     decode_body,
-    decode_header,
     encode_body,
     encode_header,
     error_body,
+    trusted_header,
 )
 from service.storage import Storage
 from service.zmqio import readable, recv_frames, send_frames
@@ -163,8 +164,9 @@ class Worker:
             frames = recv_frames(sock)
             for i in range(0, len(frames) - 2, 3):
                 ticket = frames[i]
-                task = loop.create_task(self._handle(ticket, frames[i + 1], frames[i + 2]))
-                deadlines[task] = now + TICKET.unpack(ticket)[1] / 1000
+                lifetime_s = TICKET.unpack(ticket)[1] / 1000
+                task = loop.create_task(self._handle(ticket, frames[i + 1], frames[i + 2], lifetime_s))
+                deadlines[task] = now + lifetime_s
                 task.add_done_callback(self._forget)
 
     def enqueue(self, type_name: str, body: dict[str, Any]) -> None:
@@ -200,11 +202,10 @@ class Worker:
         send_frames(self._sock, out)
         self._pump()
 
-    async def _handle(self, ticket: bytes, header_frame: bytes, body_frame: bytes) -> None:
-        _, left_ms = TICKET.unpack(ticket)
-        header = decode_header(header_frame)  # validated by the broker; cheap
+    async def _handle(self, ticket: bytes, header_frame: bytes, body_frame: bytes, lifetime_s: float) -> None:
+        header = trusted_header(header_frame)  # the broker validated it
         spec = REGISTRY.types_by_id[header.type]
-        reply, outcome = await self._execute(header, spec.name, body_frame, left_ms / 1000)
+        reply, outcome = await self._execute(header, header_frame, spec, body_frame, lifetime_s)
         self._count(spec.name, outcome)
         if reply is None or header.flags & FLAG_NO_REPLY:
             self._send([DONE, ticket, b"", b""])
@@ -212,10 +213,10 @@ class Worker:
             self._send([REPLY, ticket, *reply])
 
     async def _execute(
-        self, header: Header, type_name: str, body_frame: bytes, timeout_s: float
+        self, header: Header, header_frame: bytes, spec: MessageSpec, body_frame: bytes, timeout_s: float
     ) -> tuple[tuple[bytes, bytes] | None, str]:
         """Run one message; returns (reply frames or None, outcome name)."""
-        spec = REGISTRY.types[type_name]
+        type_name = spec.name
         try:
             body = decode_body(body_frame, max_bytes=self._settings.max_body_bytes)
         except ProtocolError as e:
@@ -243,14 +244,17 @@ class Worker:
                 log.exception("handler_failed", type=type_name, request_id=header.request_id)
                 return error_reply(header, "INTERNAL", f"{type(e).__name__}: {e}"), "INTERNAL"
             if req.reply_session is not None:
-                header = header._replace(session_id=req.reply_session)
+                header_frame = header_frame[:20] + req.reply_session  # session_id is the last 16 bytes
         status = result["status"]
         result["status"] = STATUS[status]
         flags = FLAG_DATA_ERROR if "error" in result else 0
         log.debug(  # a no-op below DEBUG (filtering logger)
             "request_done", type=type_name, request_id=header.request_id, status=status
         )
-        return (encode_header(header.reply(flags=flags)), encode_body(result)), status
+        # The reply header is the request's (transport_error is 0 in both) with the reply's flags.
+        if flags != header.flags:
+            header_frame = header_frame[:6] + bytes((flags,)) + header_frame[7:]
+        return (header_frame, encode_body(result)), status
 
     def _count(self, type_name: str, outcome: str) -> None:
         key = (type_name, outcome)
