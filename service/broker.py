@@ -45,7 +45,7 @@ from service.protocol import (
 )
 from service.queue import Holder, PriorityQueue, QueueFull
 from service.workers import CREDIT, DONE, ENQUEUE, READY, REPLY, TICKET, WORKERS_ENDPOINT, Worker
-from service.zmqio import readable, recv_frames, send_frames
+from service.zmqio import NOBLOCK, pack_batch, readable, recv_frames, send_frames, unpack_batch
 
 log = structlog.get_logger("broker")
 
@@ -408,9 +408,9 @@ class Broker:
     def _from_workers(self, backend: zmq.Socket[Any]) -> None:
         free, inflight, queue, now = self._free, self._inflight, self.queue, time.monotonic()
         while readable(backend):
-            frames = recv_frames(backend)
-            wid = frames[0]
-            for i in range(1, len(frames) - 3, 4):
+            wid = backend.recv(NOBLOCK)  # workers send exactly [identity, batch]
+            frames = unpack_batch(backend.recv(0))
+            for i in range(0, len(frames) - 3, 4):
                 kind = frames[i]
                 if kind == READY:
                     slots = CREDIT.unpack(frames[i + 1])[0]
@@ -454,11 +454,11 @@ class Broker:
             wid = free.popleft()
             batch = batches.get(wid)
             if batch is None:
-                batches[wid] = [wid, ticket, h.header, h.body]
+                batches[wid] = [ticket, h.header, h.body]
             else:
                 batch += (ticket, h.header, h.body)
-        for frames in batches.values():
-            send_frames(backend, frames)
+        for wid, items in batches.items():
+            send_frames(backend, [wid, pack_batch(items)])
 
     # -- shutdown --------------------------------------------------------------
 
