@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 import zmq
 
+from service import eventloop
 from service.config import Settings
 from service.errors import ProtocolError
 from service.metrics import Metrics
@@ -150,7 +151,7 @@ class Broker:
     # workers that share this loop (worker_threads = 0).
 
     def _run(self) -> None:
-        asyncio.run(self._main())
+        eventloop.run(self._main())
 
     async def _main(self) -> None:
         ctx = self._ctx

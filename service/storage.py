@@ -31,6 +31,8 @@ def translate(procedure: str, e: Exception) -> NoReturn:
     if isinstance(e, TarantoolDatabaseError):
         if e.code == asynctnt.exceptions.ErrorCode.ER_READONLY:
             raise StorageUnavailable(f"{procedure}: instance is read-only") from e
+        if e.code == asynctnt.exceptions.ErrorCode.ER_MEMORY_ISSUE:  # memtx full: expiry frees room, retry later
+            raise StorageUnavailable(f"{procedure}: storage out of memory: {e}") from e
         raise ProcedureError(f"{procedure}: {e}") from e
     if isinstance(e, TarantoolError | OSError | asyncio.TimeoutError):
         raise StorageUnavailable(f"{procedure}: {type(e).__name__}: {e}") from e

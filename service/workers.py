@@ -33,6 +33,7 @@ from typing import Any
 import structlog
 import zmq
 
+from service import eventloop
 from service.backend import Backend
 from service.config import Settings
 from service.errors import ProtocolError, StorageUnavailable
@@ -282,7 +283,7 @@ class WorkerThread:
         self._thread = threading.Thread(target=self._run, name=f"worker-{worker.index}", daemon=True)
 
     def _run(self) -> None:
-        asyncio.run(self.worker.run(self._connected.set))
+        eventloop.run(self.worker.run(self._connected.set))
 
     def start(self) -> None:
         self._thread.start()
