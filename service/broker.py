@@ -30,7 +30,7 @@ import zmq
 from service import eventloop
 from service.config import Settings
 from service.errors import ProtocolError
-from service.metrics import Metrics
+from service.metrics import REJECTION_REASONS, Metrics
 from service.protocol import (
     FLAG_DATA_ERROR,
     FLAG_NO_REPLY,
@@ -107,7 +107,7 @@ class Broker:
         self._type_names = {t.id: t.name for t in REGISTRY.types.values()}
         self._durations = {t.id: metrics.duration.labels(t.name) for t in REGISTRY.types.values()}
         self._outcomes: dict[tuple[int, str], Any] = {}
-        self._rejections = {r: metrics.rejections.labels(r) for r in ("full", "evicted", "expired", "shutting_down")}
+        self._rejections = {r: metrics.rejections.labels(r) for r in REJECTION_REASONS}
         self._error_bodies: dict[tuple[str, str], bytes] = {}
         metrics.queue_capacity.set(settings.queue_capacity)
         metrics.watch(metrics.queue_depth, lambda: len(self.queue))

@@ -17,6 +17,17 @@ from service import __version__
 from service.protocol import REGISTRY
 
 PREFIX = "smartcache"
+REJECTION_REASONS = ("full", "evicted", "expired", "shutting_down")
+#: transport errors that mean the sender's input was malformed
+BAD_INPUT_ERRORS = (
+    "BAD_HEADER",
+    "UNSUPPORTED_VERSION",
+    "UNKNOWN_SYSTEM",
+    "UNKNOWN_TYPE",
+    "BODY_TOO_LARGE",
+    "BAD_BODY",
+    "BAD_FRAMES",
+)
 #: fine below 10 ms, where the service lives; coarse above for outages
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -109,19 +120,10 @@ class Metrics:
             self.prewarm.labels(outcome)
         for source in ("cache", "waited", "fetched", "error"):
             self.products.labels(source)
-        for reason in ("full", "evicted", "expired", "shutting_down"):
+        for reason in REJECTION_REASONS:
             self.rejections.labels(reason)
-        for name, code in REGISTRY.transport_errors.items():
-            if code and name in (
-                "BAD_HEADER",
-                "UNSUPPORTED_VERSION",
-                "UNKNOWN_SYSTEM",
-                "UNKNOWN_TYPE",
-                "BODY_TOO_LARGE",
-                "BAD_BODY",
-                "BAD_FRAMES",
-            ):
-                self.bad_input.labels(name)
+        for error in BAD_INPUT_ERRORS:
+            self.bad_input.labels(error)
 
     def watch(self, gauge: Gauge, fn: Callable[[], float]) -> None:
         """Compute a gauge on scrape."""
