@@ -32,6 +32,7 @@ from typing import Any
 
 import structlog
 import zmq
+from structlog.contextvars import bind_contextvars
 
 from service import eventloop
 from service.backend import Backend
@@ -207,6 +208,8 @@ class Worker:
     async def _handle(self, ticket: bytes, header_frame: bytes, body_frame: bytes, lifetime_s: float) -> None:
         header = trusted_header(header_frame)  # the broker validated it
         spec = REGISTRY.types_by_id[header.type]
+        # Every log line of this request (this task's context) carries its id.
+        bind_contextvars(request_id=header.request_id)
         reply, outcome = await self._execute(header, header_frame, spec, body_frame, lifetime_s)
         self._count(spec.name, outcome)
         if reply is None or header.flags & FLAG_NO_REPLY:
@@ -243,7 +246,7 @@ class Worker:
             except StorageUnavailable as e:
                 return error_reply(header, "STORAGE_UNAVAILABLE", str(e)), "STORAGE_UNAVAILABLE"
             except Exception as e:
-                log.exception("handler_failed", type=type_name, request_id=header.request_id)
+                log.exception("handler_failed", type=type_name)
                 return error_reply(header, "INTERNAL", f"{type(e).__name__}: {e}"), "INTERNAL"
             if req.reply_session is not None:
                 header_frame = header_frame[:20] + req.reply_session  # session_id is the last 16 bytes
@@ -251,7 +254,7 @@ class Worker:
         result["status"] = STATUS[status]
         flags = FLAG_DATA_ERROR if "error" in result else 0
         log.debug(  # a no-op below DEBUG (filtering logger)
-            "request_done", type=type_name, request_id=header.request_id, status=status
+            "request_done", type=type_name, status=status
         )
         # The reply header is the request's (transport_error is 0 in both) with the reply's flags.
         if flags != header.flags:

@@ -366,3 +366,36 @@ def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
     assert value(after, calls) >= 50
     assert value(after, "smartcache_queue_capacity") == 3000
     assert value(after, 'smartcache_request_duration_seconds_count{type="DEVICE_BIND"}') >= 50
+
+
+# -- logs -------------------------------------------------------------------------
+
+
+def test_log_lines_of_a_request_carry_its_request_id(storage: Tarantool, capfd: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from service import logs
+    from service.handlers import HANDLERS
+
+    async def broken(req, ctx):
+        raise RuntimeError("boom")
+
+    logs.configure("info")
+    with running_service(service_settings(storage), {**HANDLERS, "DEVICE_LOOKUP": broken}) as r:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(r.endpoint)
+        try:
+            h = Header.request(REGISTRY.types["DEVICE_LOOKUP"].id, request_id=424242)
+            sock.send_multipart([encode_header(h), encode_body({"device_id": "x"})])
+            assert sock.poll(10_000)
+            reply = decode_header(sock.recv_multipart()[0])
+        finally:
+            sock.close()
+    assert reply.transport_error == TRANSPORT_ERROR["INTERNAL"]
+    lines = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    failed = [line for line in lines if line["event"] == "handler_failed"]
+    assert len(failed) == 1
+    assert failed[0]["request_id"] == 424242
+    assert failed[0]["level"] == "error"
+    assert "RuntimeError" in json.dumps(failed[0]["exception"])
