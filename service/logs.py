@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def configure(level: str = "info") -> None:
+def configure(level: str = "info", stream: TextIO | None = None) -> None:
     """One JSON object per line: timestamp, level, event, logger, bound context (request_id...)."""
     structlog.configure(
         processors=[
@@ -21,6 +22,6 @@ def configure(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
+        logger_factory=structlog.WriteLoggerFactory(stream or sys.stdout),
         cache_logger_on_first_use=True,
     )

@@ -371,8 +371,11 @@ def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
 # -- logs -------------------------------------------------------------------------
 
 
-def test_log_lines_of_a_request_carry_its_request_id(storage: Tarantool, capfd: pytest.CaptureFixture[str]) -> None:
+def test_log_lines_of_a_request_carry_its_request_id(storage: Tarantool) -> None:
+    import io
     import json
+
+    import structlog
 
     from service import logs
     from service.handlers import HANDLERS
@@ -380,7 +383,8 @@ def test_log_lines_of_a_request_carry_its_request_id(storage: Tarantool, capfd: 
     async def broken(req, ctx):
         raise RuntimeError("boom")
 
-    logs.configure("info")
+    out = io.StringIO()
+    logs.configure("info", out)
     with running_service(service_settings(storage), {**HANDLERS, "DEVICE_LOOKUP": broken}) as r:
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -392,8 +396,9 @@ def test_log_lines_of_a_request_carry_its_request_id(storage: Tarantool, capfd: 
             reply = decode_header(sock.recv_multipart()[0])
         finally:
             sock.close()
+    structlog.reset_defaults()
     assert reply.transport_error == TRANSPORT_ERROR["INTERNAL"]
-    lines = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
     failed = [line for line in lines if line["event"] == "handler_failed"]
     assert len(failed) == 1
     assert failed[0]["request_id"] == 424242
