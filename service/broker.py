@@ -58,6 +58,8 @@ FINAL_READ_BATCHES = 100  # at stop: up to this many batches already sent to us 
 FRONTEND_RCVHWM = 1000
 #: replies waiting for a slow client; beyond this they are dropped and counted
 FRONTEND_SNDHWM = 10_000
+#: a body up to this much over the limit is answered BODY_TOO_LARGE; a bigger one disconnects its sender
+OVERSIZE_MARGIN_BYTES = 64 * 1024
 #: transport_error (u16) and flags (u8) at offset 4 of the header
 _ERROR_FIELDS = struct.Struct("!HB")
 FLUSH_LINGER_MS = 2000
@@ -162,6 +164,8 @@ class Broker:
             frontend.setsockopt(zmq.ROUTER_MANDATORY, 1)
             frontend.setsockopt(zmq.SNDHWM, FRONTEND_SNDHWM)
             frontend.setsockopt(zmq.RCVHWM, FRONTEND_RCVHWM)
+            # A frame far over the body limit is not even buffered: its sender is disconnected.
+            frontend.setsockopt(zmq.MAXMSGSIZE, self._settings.max_body_bytes + OVERSIZE_MARGIN_BYTES)
             frontend.bind(self._settings.listen)
             self.endpoint = frontend.getsockopt_string(zmq.LAST_ENDPOINT)
             backend.setsockopt(zmq.ROUTER_MANDATORY, 1)

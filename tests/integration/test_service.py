@@ -156,7 +156,7 @@ GOOD_HEADER = encode_header(Header.request(REGISTRY.types["CACHE_GET"].id, reque
         ([GOOD_HEADER[:2] + b"\x99\x99" + GOOD_HEADER[4:], b""], "UNKNOWN_TYPE", 5),
         ([GOOD_HEADER, b"\x81\xa3key\xc1"], "BAD_BODY", 5),
         ([GOOD_HEADER, msgpack.packb([1, 2])], "BAD_BODY", 5),
-        ([GOOD_HEADER, msgpack.packb({"key": "k" * 2_000_000})], "BODY_TOO_LARGE", 5),
+        ([GOOD_HEADER, msgpack.packb({"key": "k" * 1_050_000})], "BODY_TOO_LARGE", 5),
     ],
     ids=[
         "one-frame",
@@ -181,9 +181,21 @@ def test_garbage_gets_its_transport_error_and_service_keeps_serving(
     assert svc.client.device_lookup("still-alive").status == "NOT_FOUND"
 
 
+def test_absurdly_large_frame_disconnects_its_sender_and_service_keeps_serving(svc: Running) -> None:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(svc.endpoint)
+    try:
+        sock.send_multipart([GOOD_HEADER, b"\x00" * 8_000_000])
+        assert sock.poll(1000) == 0  # never buffered, never answered
+    finally:
+        sock.close()
+    assert svc.client.device_lookup("after-the-flood").status == "NOT_FOUND"
+
+
 def test_client_raises_transport_errors(svc: Running) -> None:
     with pytest.raises(RequestError) as e:
-        svc.client.call("CACHE_PUT", {"key": "k", "data": "x" * 2_000_000})
+        svc.client.call("CACHE_PUT", {"key": "k", "data": "x" * 1_050_000})
     assert e.value.transport_error == "BODY_TOO_LARGE"
 
 
