@@ -19,6 +19,8 @@ local M = {}
 
 local MAX_REQUEST_BYTES = 8192
 local READ_TIMEOUT_S = 5
+local MAX_CONNECTIONS = 64  -- more at once get 503: an operator endpoint must not eat the instance
+local active = 0
 local F = schema.F.sessions
 
 local function respond(s, code, content_type, body)
@@ -126,7 +128,7 @@ local function route(path)
     return 404, 'application/json', json.encode({error = 'NOT_FOUND', message = 'no such route'})
 end
 
-local function handle(s)
+local function serve(s)
     local request = s:read({delimiter = '\r\n\r\n', chunk = MAX_REQUEST_BYTES}, READ_TIMEOUT_S)
     if request == nil or request == '' then
         return
@@ -144,6 +146,19 @@ local function handle(s)
             log.error('http %s: %s', path, tostring(code))
             respond(s, 500, 'application/json', json.encode({error = 'INTERNAL'}))
         end
+    end
+end
+
+local function handle(s)
+    if active >= MAX_CONNECTIONS then
+        respond(s, 503, 'text/plain', 'too many operator connections\n')
+        return
+    end
+    active = active + 1
+    local ok, err = pcall(serve, s)
+    active = active - 1
+    if not ok then
+        log.error('http: %s', tostring(err))
     end
 end
 
