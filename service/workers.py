@@ -1,10 +1,13 @@
-"""The worker pool: a few threads, each running an event loop that serves many worker slots.
+"""The worker pool: worker slots served by event loops over pipelined Tarantool connections.
 
-A worker slot is one message in progress. Each :class:`WorkerThread` owns a
-DEALER socket to the broker's ``inproc://workers`` ROUTER and one pipelined
+A worker slot is one message in progress. Each :class:`Worker` owns a DEALER
+socket to the broker's ``inproc://workers`` ROUTER and one pipelined
 Tarantool connection, announces its slots with READY (credit), and handles
 every message it is given as a task on its loop. The broker never gives a
-thread more messages than it has free slots, so the pool's size is fixed.
+worker more messages than it has free slots, so the pool's size is fixed.
+By default the one worker runs on the broker's own loop
+(``SMARTCACHE_WORKER_THREADS=0``); with N > 0 each of N workers has a
+:class:`WorkerThread` (measured slower here: a GIL hand-off per message).
 
 Both directions batch: one ZeroMQ frame (a msgpack array of byte strings,
 see ``zmqio.pack_batch``) carries every item ready at that moment, which
