@@ -6,7 +6,7 @@ helper.start()
 local F = require('smartcache.schema').F.sessions
 
 local test = tap.test('sessions')
-test:plan(9)
+test:plan(10)
 
 local SID = '6f1c2a3b-4c5d-4e6f-8a9b-0c1d2e3f4a5b'
 
@@ -36,6 +36,15 @@ test:test('get slides the deadline', function(t)
     local r = sc.session_get(SID)
     t:ok(box.space.sessions:get(SID)[F.expires_at] > before + 40 * 1000, 'deadline pushed to now + ttl')
     t:ok(r.expires_in_ms > 59 * 1000, 'expires_in_ms is the full ttl again')
+end)
+
+test:test('reads within the refresh granularity write nothing', function(t)
+    t:plan(2)
+    local id = 'aaaaaaaa-0000-4000-8000-0000000000ff'
+    sc.session_create(id, 'client-g', nil, 60, 'x')
+    local lsn = box.info.lsn
+    t:is(sc.session_get(id).status, 'OK', 'read')
+    t:is(box.info.lsn, lsn, 'no WAL write for a read right after a write')
 end)
 
 test:test('an expired session is invisible before the sweeper runs', function(t)
