@@ -416,3 +416,24 @@ def test_log_lines_of_a_request_carry_its_request_id(storage: Tarantool) -> None
     assert failed[0]["request_id"] == 424242
     assert failed[0]["level"] == "error"
     assert "RuntimeError" in json.dumps(failed[0]["exception"])
+
+
+def test_reply_to_a_vanished_client_is_counted_not_lost_silently(storage: Tarantool) -> None:
+    probe = SlowProbe()
+    with running_service(service_settings(storage, workers=2), probe.handlers()) as r:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(r.endpoint)
+        h = Header.request(REGISTRY.types["DEVICE_LOOKUP"].id, request_id=1)
+        sock.send_multipart([encode_header(h), encode_body({"device_id": "sleep:300"})])
+        probe.wait_running(1)
+        sock.close()  # gone before its reply
+        probe_deadline = time.monotonic() + 10
+        series = 'smartcache_dropped_replies_total{reason="client_gone"}'
+        while True:
+            text = httpx.get(r.metrics_url, timeout=5).text
+            if f"{series} 1.0" in text:
+                break
+            assert time.monotonic() < probe_deadline, "drop not counted"
+            time.sleep(0.05)
+        assert r.client.device_lookup("sleep:1").ok  # and it keeps serving
