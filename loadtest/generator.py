@@ -151,7 +151,6 @@ class Generator:
                 self._report_progress()
                 next_progress = now + PROGRESS_EVERY_S
             if now >= end:
-                self.result.ended = now
                 return
 
     def _open_loop(self, end: float) -> None:

@@ -350,7 +350,6 @@ class Broker:
             envelope=envelope,
             header=header_frame,
             body=body,
-            request_id=header.request_id,
             no_reply=no_reply,
         )
         try:

@@ -17,7 +17,7 @@ from typing import Any
 from service.backend import Backend
 from service.config import Settings
 from service.metrics import Metrics
-from service.protocol import NO_SESSION, Header, MessageSpec
+from service.protocol import NO_SESSION, Header
 from service.storage import Storage
 
 
@@ -40,7 +40,6 @@ def new_session_id() -> bytes:
 @dataclass(slots=True)
 class Request:
     header: Header
-    spec: MessageSpec
     body: dict[str, Any]
     timeout_s: float
     #: set by a handler to answer with another session id (SESSION_CREATE)

@@ -38,7 +38,6 @@ class Holder:
     envelope: list[bytes]  # ROUTER identity (+ empty delimiter for REQ clients)
     header: bytes
     body: bytes
-    request_id: int
     no_reply: bool
     state: int = field(default=QUEUED)
 

@@ -237,7 +237,7 @@ class Worker:
         elif handler is None:
             return error_reply(header, "INTERNAL", f"{type_name} is not implemented"), "INTERNAL"
         else:
-            req = Request(header=header, spec=spec, body=body, timeout_s=timeout_s)
+            req = Request(header=header, body=body, timeout_s=timeout_s)
             assert self._handler_context is not None
             try:
                 result = await handler(req, self._handler_context)

@@ -31,10 +31,10 @@ def send_frames(sock: zmq.Socket[Any], frames: list[bytes], *, block: bool = Tru
     send(frames[last], 0 if block else NOBLOCK)
 
 
-def recv_frames(sock: zmq.Socket[Any], *, block: bool = False) -> list[bytes]:
-    """Receive one whole message; with block=False raises zmq.Again when none is waiting."""
+def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
+    """Receive one whole message without waiting; raises zmq.Again when none is waiting."""
     recv, get = sock.recv, sock.get
-    frames = [recv(0 if block else NOBLOCK)]
+    frames = [recv(NOBLOCK)]
     while get(RCVMORE):
         frames.append(recv(0))
     return frames

@@ -28,7 +28,6 @@ def holder(type_id: int, deadline: float = 100.0) -> Holder:
         envelope=[b"id"],
         header=b"",
         body=b"",
-        request_id=seq,
         no_reply=False,
     )
 
