@@ -40,9 +40,9 @@ def run(
             while time.monotonic() < end:
                 sid = str(uuid.uuid4())
                 t0 = time.perf_counter()
-                created = conn.call("sc.session_create", [sid, f"c{i}", None, None, BODY_100]).data[0]
+                created = conn.call("sc.session_create", [None, sid, f"c{i}", None, None, BODY_100]).data[0]
                 t1 = time.perf_counter()
-                got = conn.call("sc.session_get", [sid]).data[0]
+                got = conn.call("sc.session_get", [None, sid]).data[0]
                 t2 = time.perf_counter()
                 lat.append(t1 - t0)
                 lat.append(t2 - t1)

@@ -104,11 +104,13 @@ class Storage:
             if not self._conn.is_connected:
                 raise StorageUnavailable(f"{procedure}: not connected to {self.address}")
             try:
-                resp = await self._conn.call("sc." + procedure, args)
+                resp = await self._conn.call("sc." + procedure, [None, *args])
             except Exception as e:
                 translate(procedure, e)
             result: dict[str, Any] = resp.body[0]
             outcome = result.get("status", "error")
+            if outcome == "NOT_LEADER":
+                raise StorageUnavailable(f"{procedure}: {self.address} may not write (not the leader)")
             return result
         except StorageUnavailable:
             outcome = "unavailable"

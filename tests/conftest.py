@@ -35,8 +35,8 @@ def connect(
 
 
 def call(conn: tarantool.Connection, proc: str, *args: object) -> dict:
-    """Call a stored procedure; returns its result map."""
-    return conn.call(f"sc.{proc}", list(args)).data[0]
+    """Call a stored procedure (no deadline, no idempotency key); returns its result map."""
+    return conn.call(f"sc.{proc}", [None, *args]).data[0]
 
 
 @pytest.fixture(scope="session")

@@ -3,74 +3,130 @@
 -- Procedures live in the global table `sc` (net.box calls them as
 -- 'sc.<name>'); register() creates each function and grants execute on it,
 -- and nothing else, to the role smartcache_api. Idempotent.
+--
+-- Calling convention: every sc.<name> takes `meta` first, then the
+-- procedure's own arguments. meta is nil or a map:
+--   deadline_ms      absolute deadline, ms since the epoch on this instance's
+--                    clock; past it the procedure does nothing and answers
+--                    DEADLINE_EXCEEDED (so "not executed" is true when the
+--                    service says so; gRPC-style deadline propagation)
+--   idempotency_key  writes only: apply once per key (smartcache.idempotency)
+-- Write procedures answer NOT_LEADER, doing nothing, when this instance may
+-- not write (read-only, or a leader whose lease is not proven).
 local log = require('log')
+local fiber = require('fiber')
 local sessions = require('smartcache.sessions')
 local cache = require('smartcache.cache')
 local device = require('smartcache.device')
 local prewarm = require('smartcache.prewarm')
 local stats = require('smartcache.stats')
+local idempotency = require('smartcache.idempotency')
 local util = require('smartcache.util')
-local fiber = require('fiber')
 
 local M = {}
 
 M.ROLE = 'smartcache_api'
 
-local procedures = {
-    ping = function() return util.result('OK', {time_ms = util.now_ms(), read_only = box.info.ro}) end,
+local function ping()
+    return util.result('OK', {time_ms = util.now_ms(), read_only = box.info.ro})
+end
+
+-- Procedures that change data. Their answers may be stored under an idempotency key.
+local writes = {
     session_create = sessions.create,
-    session_get = sessions.get,
     session_touch = sessions.touch,
     session_update = sessions.update,
     session_delete = sessions.delete,
-    session_list = sessions.list,
     cache_put = cache.put,
-    cache_get = cache.get,
     cache_delete = cache.delete,
-    cache_delete_by_session = cache.delete_by_session,
     device_bind = device.bind,
-    device_lookup = device.lookup,
     prewarm_acquire = prewarm.acquire,
     prewarm_complete = prewarm.complete,
     prewarm_fail = prewarm.fail,
+}
+
+-- Everything else: reads, waits, and reads that write only opportunistically
+-- (session_get slides the deadline when it can, and answers the data when it cannot).
+local reads = {
+    ping = ping,
+    session_get = sessions.get,
+    session_list = sessions.list,
+    cache_get = cache.get,
+    device_lookup = device.lookup,
     prewarm_wait = prewarm.wait,
     stats = stats.stats,
 }
 
 -- Only with SC_DEBUG_PROCEDURES=1 (tests): a deliberately slow procedure.
 if os.getenv('SC_DEBUG_PROCEDURES') == '1' then
-    procedures.debug_sleep = function(ms)
+    reads.debug_sleep = function(ms)
         fiber.sleep((tonumber(ms) or 0) / 1000)
         return util.result('OK', {slept_ms = ms})
     end
 end
 
+local DEADLINE_EXCEEDED = {status = 'DEADLINE_EXCEEDED'}
+local NOT_LEADER = {status = 'NOT_LEADER'}
+
+local function past(meta)
+    if meta == nil then  -- nil or box.NULL
+        return false
+    end
+    local deadline = meta.deadline_ms
+    return deadline ~= nil and fiber.time() * 1000 > deadline
+end
+
 -- Count WAL write failures (disk full, read-only disk) and re-raise them.
-local function counted(fn)
-    return function(...)
-        local ok, res = pcall(fn, ...)
-        if ok then
-            return res
+local function counted(ok, res, ...)
+    if ok then
+        return res, ...
+    end
+    if type(res) == 'cdata' and res.code == box.error.WAL_IO then
+        stats.wal_errors = stats.wal_errors + 1
+    end
+    error(res)
+end
+
+local function read_procedure(fn)
+    return function(meta, ...)
+        if past(meta) then
+            return DEADLINE_EXCEEDED
         end
-        if type(res) == 'cdata' and res.code == box.error.WAL_IO then
-            stats.wal_errors = stats.wal_errors + 1
+        return counted(pcall(fn, ...))
+    end
+end
+
+local function write_procedure(name, fn)
+    return function(meta, ...)
+        if past(meta) then
+            return DEADLINE_EXCEEDED
         end
-        error(res)
+        if not util.writable() then
+            return NOT_LEADER
+        end
+        local key = meta ~= nil and meta.idempotency_key or nil
+        if key == nil then
+            return counted(pcall(fn, ...))
+        end
+        return counted(pcall(idempotency.run, name, key, fn, ...))
     end
 end
 
 _G.sc = {}
-for name, fn in pairs(procedures) do
-    _G.sc[name] = counted(fn)
+for name, fn in pairs(reads) do
+    _G.sc[name] = read_procedure(fn)
+end
+for name, fn in pairs(writes) do
+    _G.sc[name] = write_procedure(name, fn)
 end
 
 M.names = {}
-for name in pairs(procedures) do
+for name in pairs(_G.sc) do
     table.insert(M.names, 'sc.' .. name)
 end
 table.sort(M.names)
 
--- Create functions and the role; grant the role to the service user. Master only.
+-- Create functions and the role; grant the role to the service user. Writable instance only.
 function M.register(service_user, service_password)
     box.schema.role.create(M.ROLE, {if_not_exists = true})
     for _, name in ipairs(M.names) do
@@ -82,6 +138,19 @@ function M.register(service_user, service_password)
         end
         box.schema.func.create(name, {setuid = true, if_not_exists = true})
         box.schema.role.grant(M.ROLE, 'execute', 'function', name, {if_not_exists = true})
+    end
+    -- Procedures created before that no longer exist go (least privilege).
+    local stale = {}
+    for _, t in box.space._func.index.name:pairs({'sc.'}, {iterator = 'GE'}) do
+        if t[3]:sub(1, 3) ~= 'sc.' then
+            break
+        end
+        if _G.sc[t[3]:sub(4)] == nil then
+            table.insert(stale, t[3])
+        end
+    end
+    for _, name in ipairs(stale) do
+        box.schema.func.drop(name)
     end
     if service_user ~= nil then
         box.schema.user.create(service_user, {password = service_password, if_not_exists = true})

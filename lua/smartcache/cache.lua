@@ -29,7 +29,7 @@ function M.put(session_id, key, data_type, ttl_s, data)
         return util.bad_request(err)
     end
     local ttl = util.opt(ttl_s, config.cache_ttl_ms / 1000) * 1000
-    return box.atomic(function()
+    return util.atomic(function()
         local bad = check_scope(session_id, key, now)
         if bad ~= nil then
             return bad
@@ -64,20 +64,6 @@ function M.delete(session_id, key)
         return util.result('NOT_FOUND')
     end
     return util.result('OK')
-end
-
-function M.delete_by_session(session_id)
-    local err = util.check(session_id, 'string', 'session id')
-    if err ~= nil then
-        return util.bad_request(err)
-    end
-    local entries = box.space.cache.index.primary:select({session_id}, {iterator = 'EQ'})
-    box.atomic(function()
-        for _, t in ipairs(entries) do
-            box.space.cache:delete({t[F.session_id], t[F.key]})
-        end
-    end)
-    return util.result('OK', {deleted = #entries})
 end
 
 return M

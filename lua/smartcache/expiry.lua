@@ -13,7 +13,7 @@ local sessions = require('smartcache.sessions')
 
 local M = {}
 
-M.expired = {sessions = 0, cache = 0, prewarm = 0}
+M.expired = {sessions = 0, cache = 0, prewarm = 0, idempotency = 0}
 M.errors = 0
 -- Set to true to hold all sweeping (tests, maintenance); the fibers keep sleeping.
 M.paused = false
@@ -38,6 +38,12 @@ local spaces = {
         deadline = schema.F.prewarm.expires_at,
         delete = function(t)
             box.space.prewarm:delete({t[schema.F.prewarm.client_id], t[schema.F.prewarm.data_type]})
+        end,
+    },
+    idempotency = {
+        deadline = schema.F.idempotency.expires_at,
+        delete = function(t)
+            box.space.idempotency:delete(t[schema.F.idempotency.key])
         end,
     },
 }

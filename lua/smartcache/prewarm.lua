@@ -50,7 +50,7 @@ function M.acquire(client_id, data_type, owner, lease_ms, max_age_ms, session_id
         return util.bad_request(err)
     end
     local now = util.now_ms()
-    return box.atomic(function()
+    return util.atomic(function()
         local t = box.space.prewarm:get({client_id, data_type})
         if t ~= nil then
             if held(t, now) and t[F.owner] ~= owner then
@@ -74,7 +74,7 @@ local function release(client_id, data_type, owner, ops)
     if err ~= nil then
         return util.bad_request(err)
     end
-    return box.atomic(function()
+    return util.atomic(function()
         local t = box.space.prewarm:get({client_id, data_type})
         if t == nil or t[F.state] ~= UPDATING or t[F.owner] ~= owner then
             return util.result('NOT_OWNER')

@@ -1,33 +1,21 @@
 -- Spaces, indexes and their versioned, idempotent upgrades.
 --
--- Tuple positions are named constants (F.<space>.<field>) matching each
--- space's format. Run `upgrade()` on the master only: replicas receive the
--- schema through replication.
+-- Each space's format is declared once (M.FORMAT); the tuple positions
+-- (M.F.<space>.<field>) are derived from it. Run `upgrade()` on the writable
+-- instance only: the others receive the schema through replication.
 local log = require('log')
 
 local M = {}
 
 -- Bump when a migration is added; stored in space sc_meta under 'schema_version'.
-M.VERSION = 1
+M.VERSION = 2
 
-M.F = {
-    sessions = {id = 1, client_id = 2, version = 3, rev = 4, updated_at = 5, ttl_ms = 6, expires_at = 7, data = 8},
-    cache = {session_id = 1, key = 2, data_type = 3, updated_at = 4, ttl_ms = 5, expires_at = 6, data = 7},
-    device = {device_id = 1, client_id = 2, updated_at = 3},
-    prewarm = {client_id = 1, data_type = 2, session_id = 3, version = 4, updated_at = 5, state = 6,
-               owner = 7, lease_until = 8, expires_at = 9, data = 10},
-}
-
-local migrations = {}
-
--- Version 1: the four spaces of the brief plus the meta space.
-migrations[1] = function()
-    local meta = box.schema.space.create('sc_meta', {if_not_exists = true, format = {
-        {name = 'key', type = 'string'}, {name = 'value', type = 'any'},
-    }})
-    meta:create_index('primary', {parts = {'key'}, if_not_exists = true})
-
-    local sessions = box.schema.space.create('sessions', {if_not_exists = true, format = {
+M.FORMAT = {
+    sc_meta = {
+        {name = 'key', type = 'string'},
+        {name = 'value', type = 'any'},
+    },
+    sessions = {
         {name = 'id', type = 'string'},            -- canonical UUID text
         {name = 'client_id', type = 'string'},
         {name = 'version', type = 'string'},       -- front service version, as given
@@ -36,12 +24,8 @@ migrations[1] = function()
         {name = 'ttl_ms', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},  -- updated_at + ttl_ms: sliding deadline
         {name = 'data', type = 'any', is_nullable = true},
-    }})
-    sessions:create_index('primary', {parts = {'id'}, if_not_exists = true})
-    sessions:create_index('by_client', {parts = {'client_id', 'id'}, if_not_exists = true})
-    sessions:create_index('by_deadline', {parts = {'expires_at', 'id'}, if_not_exists = true})
-
-    local cache = box.schema.space.create('cache', {if_not_exists = true, format = {
+    },
+    cache = {
         {name = 'session_id', type = 'string'},    -- '' = global namespace
         {name = 'key', type = 'string'},
         {name = 'data_type', type = 'integer'},
@@ -49,20 +33,13 @@ migrations[1] = function()
         {name = 'ttl_ms', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},
         {name = 'data', type = 'any', is_nullable = true},
-    }})
-    -- Primary (session_id, key) doubles as the by-session index (prefix).
-    cache:create_index('primary', {parts = {'session_id', 'key'}, if_not_exists = true})
-    cache:create_index('by_deadline', {parts = {'expires_at', 'session_id', 'key'}, if_not_exists = true})
-
-    local device = box.schema.space.create('device', {if_not_exists = true, format = {
+    },
+    device = {
         {name = 'device_id', type = 'string'},
         {name = 'client_id', type = 'string'},
         {name = 'updated_at', type = 'unsigned'},
-    }})
-    device:create_index('primary', {parts = {'device_id'}, if_not_exists = true})
-    device:create_index('by_client', {parts = {'client_id', 'device_id'}, if_not_exists = true})
-
-    local prewarm = box.schema.space.create('prewarm', {if_not_exists = true, format = {
+    },
+    prewarm = {
         {name = 'client_id', type = 'string'},
         {name = 'data_type', type = 'integer'},
         {name = 'session_id', type = 'string'},
@@ -73,9 +50,60 @@ migrations[1] = function()
         {name = 'lease_until', type = 'unsigned'}, -- ms; an expired lease counts as free
         {name = 'expires_at', type = 'unsigned'},  -- record retention deadline
         {name = 'data', type = 'any', is_nullable = true},
-    }})
+    },
+    -- A write done under an idempotency key, with its result (smartcache.idempotency).
+    idempotency = {
+        {name = 'key', type = 'string'},           -- the client's idempotency_key
+        {name = 'procedure', type = 'string'},     -- what it was used for
+        {name = 'fingerprint', type = 'string'},   -- digest of the arguments
+        {name = 'expires_at', type = 'unsigned'},  -- ms; swept after this
+        {name = 'result', type = 'any'},           -- the procedure's answer, returned on a repeat
+    },
+}
+
+-- Tuple positions by field name, from the formats above.
+M.F = {}
+for space, format in pairs(M.FORMAT) do
+    M.F[space] = {}
+    for i, f in ipairs(format) do
+        M.F[space][f.name] = i
+    end
+end
+
+local function space(name)
+    return box.schema.space.create(name, {if_not_exists = true, format = M.FORMAT[name]})
+end
+
+local migrations = {}
+
+-- Version 1: the four spaces of the brief plus the meta space.
+migrations[1] = function()
+    space('sc_meta'):create_index('primary', {parts = {'key'}, if_not_exists = true})
+
+    local sessions = space('sessions')
+    sessions:create_index('primary', {parts = {'id'}, if_not_exists = true})
+    sessions:create_index('by_client', {parts = {'client_id', 'id'}, if_not_exists = true})
+    sessions:create_index('by_deadline', {parts = {'expires_at', 'id'}, if_not_exists = true})
+
+    local cache = space('cache')
+    -- Primary (session_id, key) doubles as the by-session index (prefix).
+    cache:create_index('primary', {parts = {'session_id', 'key'}, if_not_exists = true})
+    cache:create_index('by_deadline', {parts = {'expires_at', 'session_id', 'key'}, if_not_exists = true})
+
+    local device = space('device')
+    device:create_index('primary', {parts = {'device_id'}, if_not_exists = true})
+    device:create_index('by_client', {parts = {'client_id', 'device_id'}, if_not_exists = true})
+
+    local prewarm = space('prewarm')
     prewarm:create_index('primary', {parts = {'client_id', 'data_type'}, if_not_exists = true})
     prewarm:create_index('by_deadline', {parts = {'expires_at', 'client_id', 'data_type'}, if_not_exists = true})
+end
+
+-- Version 2: idempotency keys (safe retries of writes).
+migrations[2] = function()
+    local idem = space('idempotency')
+    idem:create_index('primary', {parts = {'key'}, if_not_exists = true})
+    idem:create_index('by_deadline', {parts = {'expires_at', 'key'}, if_not_exists = true})
 end
 
 function M.current_version()

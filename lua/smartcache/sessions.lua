@@ -2,6 +2,8 @@
 -- compare-and-set, delete (cascading to the session's cache), list by client.
 --
 -- A session whose deadline has passed is NOT_FOUND at once, swept or not.
+local uuid = require('uuid')
+local log = require('log')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local F = require('smartcache.schema').F.sessions
@@ -25,8 +27,10 @@ local function ttl_ms(ttl_s)
     return ttl_s * 1000, err
 end
 
+-- id nil: a new random (version 4) UUID, returned as session_id. Generated
+-- here, so a repeat under an idempotency key has the same arguments.
 function M.create(id, client_id, version, ttl_s, data)
-    local err = util.check(id, 'string', 'session id') or util.check(client_id, 'string', 'client_id')
+    local err = util.check(id, 'string', 'session id', true) or util.check(client_id, 'string', 'client_id')
         or util.check(version, 'string', 'version', true)
     local ttl
     if err == nil then
@@ -36,12 +40,13 @@ function M.create(id, client_id, version, ttl_s, data)
         return util.bad_request(err)
     end
     local now = util.now_ms()
-    return box.atomic(function()
+    id = util.opt(id, nil) or uuid.str()
+    return util.atomic(function()
         if live(id, now) ~= nil then
             return util.result('ALREADY_EXISTS')
         end
         box.space.sessions:replace({id, client_id, util.opt(version, ''), 1, now, ttl, now + ttl, data})
-        return util.result('OK', {expires_in_ms = ttl, rev = 1})
+        return util.result('OK', {session_id = id, expires_in_ms = ttl, rev = 1})
     end)
 end
 
@@ -56,20 +61,42 @@ local function refresh(id, now)
     return box.space.sessions:update(id, {{'=', F.updated_at, now}, {'=', F.expires_at, now + t[F.ttl_ms]}})
 end
 
+-- Refresh failures seen by reads (no lease, disk or memory full), logged once per streak.
+M.refresh_failures = 0
+
+-- A read slides the deadline when it can. When the refresh cannot be written
+-- (not writable, disk or memory full) the read still answers the data, with
+-- refresh_failed = true: the deadline did not move.
 function M.get(id)
     local now = util.now_ms()
-    local t
-    if util.is_writable() then
-        t = refresh(id, now)
+    local t, failed
+    if util.writable() then
+        local ok, res = pcall(refresh, id, now)
+        if ok then
+            t = res
+        else
+            failed = true
+            if M.refresh_failures == 0 then
+                log.warn('session refresh failed, reads go on without sliding: %s', tostring(res))
+            end
+            M.refresh_failures = M.refresh_failures + 1
+        end
     else
-        t = live(id, now)  -- a replica serves reads without sliding
+        failed = true
+    end
+    if failed then
+        t = live(id, now)
+        failed = t ~= nil and now - t[F.updated_at] >= config.refresh_granularity_ms or nil
+    elseif M.refresh_failures > 0 then
+        log.info('session refresh works again after %d failed reads', M.refresh_failures)
+        M.refresh_failures = 0
     end
     if t == nil then
         return util.result('NOT_FOUND')
     end
     return util.result('OK', {
         client_id = t[F.client_id], version = t[F.version], data = t[F.data], rev = t[F.rev],
-        updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now,
+        updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now, refresh_failed = failed,
     })
 end
 
@@ -83,13 +110,13 @@ function M.touch(id)
 end
 
 function M.update(id, data, expected_rev, version)
-    local err = util.check(expected_rev, 'number', 'expected_rev', true)
+    local err = util.check_positive(expected_rev, 'expected_rev', 2 ^ 53, true)
         or util.check(version, 'string', 'version', true)
     if err ~= nil then
         return util.bad_request(err)
     end
     local now = util.now_ms()
-    return box.atomic(function()
+    return util.atomic(function()
         local t = live(id, now)
         if t == nil then
             return util.result('NOT_FOUND')
@@ -120,7 +147,7 @@ M.drop = drop
 
 function M.delete(id)
     local now = util.now_ms()
-    return box.atomic(function()
+    return util.atomic(function()
         if live(id, now) == nil then
             -- An expired leftover still goes, with its cache, but the answer is NOT_FOUND.
             if box.space.sessions:get(id) ~= nil then

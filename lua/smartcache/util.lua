@@ -76,4 +76,18 @@ function M.is_writable()
     return box.info.ro == false
 end
 
+-- May this instance write now? Call it as util.writable() every time: the
+-- failover module replaces it in HA mode with one compare against the lease
+-- deadline.
+M.writable = M.is_writable
+
+-- box.atomic that joins a transaction already open (the idempotency wrapper
+-- opens one around a whole procedure; box.atomic inside it would raise).
+function M.atomic(fn, ...)
+    if box.is_in_txn() then
+        return fn(...)
+    end
+    return box.atomic(fn, ...)
+end
+
 return M
