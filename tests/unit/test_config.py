@@ -2,7 +2,13 @@
 
 import pytest
 
-from service.config import DEFAULT_QUEUE_CAPACITY, DEFAULT_WORKERS, Settings, SettingsError
+from service.config import (
+    DEFAULT_QUEUE_CAPACITY,
+    DEFAULT_WORKERS,
+    Settings,
+    SettingsError,
+    unknown_variables,
+)
 
 
 def test_defaults_without_environment() -> None:
@@ -34,6 +40,36 @@ def test_values_are_read_and_bulkheads_overridden() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("SMARTCACHE_METRICS_PORT", "0", 0),  # any free port
+        ("SMARTCACHE_METRICS_PORT", "65535", 65535),
+        ("SMARTCACHE_METRICS_ADDR", "::", "::"),
+        ("SMARTCACHE_METRICS_ADDR", "metrics.internal", "metrics.internal"),
+        ("SMARTCACHE_LISTEN", "tcp://*:5555", "tcp://*:5555"),
+        ("SMARTCACHE_LISTEN", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
+        ("SMARTCACHE_LISTEN", "tcp://[::1]:5555", "tcp://[::1]:5555"),
+        ("SMARTCACHE_LISTEN", "tcp://eth0:5555", "tcp://eth0:5555"),
+        ("SMARTCACHE_LISTEN", "ipc:///tmp/smartcache.sock", "ipc:///tmp/smartcache.sock"),
+        ("SMARTCACHE_LISTEN", "ipc://@smartcache", "ipc://@smartcache"),
+        ("SMARTCACHE_TARANTOOL", "tarantool-1:3301,[::1]:3302", ("tarantool-1:3301", "[::1]:3302")),
+        ("SMARTCACHE_BACKEND_URL", "https://core.bank.example:8443/api/", "https://core.bank.example:8443/api/"),
+        (
+            "SMARTCACHE_BACKEND_TEMPLATE",
+            "{base}/p?client={client_id}&t={data_type}",
+            "{base}/p?client={client_id}&t={data_type}",
+        ),
+        ("SMARTCACHE_LOG_LEVEL", "DEBUG", "debug"),
+        ("SMARTCACHE_INSTANCE_ID", "pod-7.zone_a:1", "pod-7.zone_a:1"),
+        ("SMARTCACHE_WORKER_THREADS", "100", 100),
+        ("SMARTCACHE_DRAIN_TIMEOUT_S", "0", 0.0),
+    ],
+)
+def test_good_values_are_accepted(name: str, value: str, expected: object) -> None:
+    assert getattr(Settings.from_env({name: value}), name.removeprefix("SMARTCACHE_").lower()) == expected
+
+
+@pytest.mark.parametrize(
     ("env", "names"),
     [
         ({"SMARTCACHE_WORKERS": "many"}, "SMARTCACHE_WORKERS"),
@@ -43,7 +79,39 @@ def test_values_are_read_and_bulkheads_overridden() -> None:
         ({"SMARTCACHE_BULKHEADS": "CACHE_GET=0"}, "SMARTCACHE_BULKHEADS"),
         ({"SMARTCACHE_LOG_LEVEL": "loud"}, "SMARTCACHE_LOG_LEVEL"),
         ({"SMARTCACHE_PREWARM_TYPES": "1,x"}, "SMARTCACHE_PREWARM_TYPES"),
+        ({"SMARTCACHE_PREWARM_TYPES": "1,1"}, "SMARTCACHE_PREWARM_TYPES"),
+        ({"SMARTCACHE_PREWARM_TYPES": "0"}, "SMARTCACHE_PREWARM_TYPES"),
         ({"SMARTCACHE_PRODUCTS_MAX_AGE": "1"}, "SMARTCACHE_PRODUCTS_MAX_AGE"),
+        ({"SMARTCACHE_PRODUCTS_MAX_AGE": "1=-5"}, "SMARTCACHE_PRODUCTS_MAX_AGE"),
+        ({"SMARTCACHE_METRICS_PORT": "99999"}, "SMARTCACHE_METRICS_PORT"),
+        ({"SMARTCACHE_METRICS_PORT": "-1"}, "SMARTCACHE_METRICS_PORT"),
+        ({"SMARTCACHE_METRICS_PORT": "http"}, "SMARTCACHE_METRICS_PORT"),
+        ({"SMARTCACHE_METRICS_ADDR": "not an address"}, "SMARTCACHE_METRICS_ADDR"),
+        ({"SMARTCACHE_LISTEN": "127.0.0.1:5555"}, "SMARTCACHE_LISTEN"),
+        ({"SMARTCACHE_LISTEN": "udp://127.0.0.1:5555"}, "SMARTCACHE_LISTEN"),
+        ({"SMARTCACHE_LISTEN": "tcp://127.0.0.1"}, "SMARTCACHE_LISTEN"),
+        ({"SMARTCACHE_LISTEN": "tcp://127.0.0.1:70000"}, "SMARTCACHE_LISTEN"),
+        ({"SMARTCACHE_LISTEN": "ipc:///no/such/directory/s.sock"}, "SMARTCACHE_LISTEN"),
+        ({"SMARTCACHE_LISTEN": "ipc:///tmp/" + "x" * 120}, "SMARTCACHE_LISTEN"),
+        ({"SMARTCACHE_TARANTOOL": "127.0.0.1"}, "SMARTCACHE_TARANTOOL"),
+        ({"SMARTCACHE_TARANTOOL": "127.0.0.1:3301,127.0.0.1:0"}, "SMARTCACHE_TARANTOOL"),
+        ({"SMARTCACHE_TARANTOOL": ","}, "SMARTCACHE_TARANTOOL"),
+        ({"SMARTCACHE_BACKEND_URL": "ftp://core:21"}, "SMARTCACHE_BACKEND_URL"),
+        ({"SMARTCACHE_BACKEND_URL": "core.bank:8080"}, "SMARTCACHE_BACKEND_URL"),
+        ({"SMARTCACHE_BACKEND_URL": "http://core:99999"}, "SMARTCACHE_BACKEND_URL"),
+        ({"SMARTCACHE_BACKEND_TEMPLATE": "{base}/clients/{client_id}"}, "SMARTCACHE_BACKEND_TEMPLATE"),
+        ({"SMARTCACHE_BACKEND_TEMPLATE": "{base}/{client_id}/{data_type}/{tenant}"}, "SMARTCACHE_BACKEND_TEMPLATE"),
+        ({"SMARTCACHE_DRAIN_TIMEOUT_S": "nan"}, "SMARTCACHE_DRAIN_TIMEOUT_S"),
+        ({"SMARTCACHE_DRAIN_TIMEOUT_S": "inf"}, "SMARTCACHE_DRAIN_TIMEOUT_S"),
+        ({"SMARTCACHE_STORAGE_CONNECT_TIMEOUT_S": "0"}, "SMARTCACHE_STORAGE_CONNECT_TIMEOUT_S"),
+        ({"SMARTCACHE_BACKEND_RETRIES": "-1"}, "SMARTCACHE_BACKEND_RETRIES"),
+        ({"SMARTCACHE_BACKEND_MAX_CONNECTIONS": "0"}, "SMARTCACHE_BACKEND_MAX_CONNECTIONS"),
+        ({"SMARTCACHE_MAX_BODY_BYTES": "2000000"}, "SMARTCACHE_MAX_BODY_BYTES"),
+        ({"SMARTCACHE_WORKERS": "4", "SMARTCACHE_WORKER_THREADS": "8"}, "SMARTCACHE_WORKER_THREADS"),
+        ({"SMARTCACHE_INSTANCE_ID": "a/b"}, "SMARTCACHE_INSTANCE_ID"),
+        ({"SMARTCACHE_INSTANCE_ID": "x" * 129}, "SMARTCACHE_INSTANCE_ID"),
+        # a prewarm lease must outlive the backend call with its retries, and Tarantool grants at most 60 s
+        ({"SMARTCACHE_BACKEND_TIMEOUT_S": "30", "SMARTCACHE_BACKEND_RETRIES": "2"}, "SMARTCACHE_BACKEND_RETRIES"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], names: str) -> None:
@@ -51,6 +119,30 @@ def test_bad_values_name_the_variable(env: dict[str, str], names: str) -> None:
         Settings.from_env(env)
 
 
+def test_every_bad_variable_is_named_at_once() -> None:
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({"SMARTCACHE_METRICS_PORT": "99999", "SMARTCACHE_LISTEN": "127.0.0.1:5555"})
+    assert "SMARTCACHE_METRICS_PORT='99999'" in str(e.value)
+    assert "SMARTCACHE_LISTEN='127.0.0.1:5555'" in str(e.value)
+
+
+def test_empty_value_means_the_default() -> None:
+    assert Settings.from_env({"SMARTCACHE_METRICS_PORT": ""}).metrics_port == 9105
+
+
 def test_lease_outlives_a_backend_call_with_its_retries() -> None:
     s = Settings.from_env({"SMARTCACHE_BACKEND_TIMEOUT_S": "2", "SMARTCACHE_BACKEND_RETRIES": "1"})
     assert s.lease_ms > 2 * 2000
+
+
+def test_redacted_hides_secrets_and_shows_the_rest() -> None:
+    s = Settings.from_env({"SMARTCACHE_TARANTOOL_PASSWORD": "hunter2-secret", "SMARTCACHE_WORKERS": "7"})
+    shown = s.redacted()
+    assert shown["tarantool_password"] == "***"
+    assert "hunter2-secret" not in repr(shown)
+    assert (shown["workers"], shown["tarantool_user"]) == (7, "smartcache")
+
+
+def test_unknown_smartcache_variables_are_reported() -> None:
+    env = {"SMARTCACHE_WORKER": "5", "SMARTCACHE_WORKERS": "5", "SMARTCACHE_ENDPOINT": "tcp://x:1", "HOME": "/root"}
+    assert unknown_variables(env) == ["SMARTCACHE_WORKER"]
