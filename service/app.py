@@ -1,15 +1,19 @@
 """The service process (``python -m service`` / ``smartcache``), in the foreground.
 
-Start-up order (the brief): logger; settings from the environment; metrics
-HTTP server; worker threads (each opens its storage connection); the broker
-loop. SIGTERM or SIGINT starts a graceful stop; the exit code is 0 when every
-accepted message was answered.
+Start-up order (the brief): command line (``--help``, ``--version``: nothing
+else starts); logger; settings from the environment (every bad variable named
+in one ``bad_settings`` line, exit 2); the effective settings logged, secrets
+hidden; metrics and health HTTP server; worker threads (each opens its storage
+connection); the broker loop. SIGTERM or SIGINT starts a graceful stop; the
+exit code is 0 when every accepted message was answered.
 """
 
 from __future__ import annotations
 
+import argparse
 import signal
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -17,7 +21,7 @@ import zmq
 
 from service import __version__, logs
 from service.broker import Broker
-from service.config import Settings, SettingsError
+from service.config import Settings, SettingsError, unknown_variables
 from service.handlers import Handler
 from service.metrics import Metrics
 from service.workers import WorkerPool
@@ -43,7 +47,7 @@ class Service:
 
     def start(self) -> None:
         s = self.settings
-        self.metrics_port = self.metrics.serve(s.metrics_addr, s.metrics_port)
+        self.metrics_port = self.metrics.serve(s.metrics_addr, s.metrics_port, live=self.live, ready=self.ready)
         self.metrics.storage_active.labels(s.tarantool[0]).set(1)
         self.pool.start()
         self.broker.start()
@@ -58,6 +62,17 @@ class Service:
             tarantool=s.tarantool[0],
         )
 
+    def live(self) -> Mapping[str, bool]:
+        """/health/live: the broker loop runs (else restarting the process is the cure)."""
+        return {"broker": self.broker.is_alive()}
+
+    def ready(self) -> Mapping[str, bool]:
+        """/health/ready: every worker has its storage connection (later: and a leader is known)."""
+        return {
+            "broker": self.broker.is_alive(),
+            "storage": all(w.storage is not None and w.storage.connected for w in self.pool.workers),
+        }
+
     def stop(self) -> None:
         """Drain the broker, then stop the workers (deliberate order: replies need both)."""
         self.broker.stop()  # 1. no new work; queued and running messages finish or are refused
@@ -65,10 +80,26 @@ class Service:
         self.pool.stop()  # 2. workers are idle now; close their storage connections
         self.pool.join(JOIN_MARGIN_S)
         self.context.term()  # 3. every socket is closed; replies were flushed by the broker's linger
+        self.metrics.close()  # 4. probes and scrapes last: they report the stop until the end
         log.info("service_stopped")
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog="smartcache",
+        description="The smartcache service in the foreground: a ZeroMQ endpoint for front servers, "
+        "Tarantool for storage, Prometheus metrics and /health/live, /health/ready on the metrics port. "
+        "SIGTERM or Ctrl-C stops it gracefully.",
+        epilog="Configured only by SMARTCACHE_* environment variables (SMARTCACHE_LISTEN, SMARTCACHE_TARANTOOL, "
+        "SMARTCACHE_METRICS_PORT...; every one, with its default and range, in the README, 'Configuration'). "
+        "Exit codes: 0 stopped cleanly, 1 failed to start or crashed, 2 bad settings.",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.parse_args(argv)  # --help and --version exit here, before anything starts
     logs.configure()
     try:
         settings = Settings.from_env()
@@ -76,6 +107,10 @@ def main() -> int:
         log.error("bad_settings", error=str(e))  # noqa: TRY400 - the message says it all
         return 2
     logs.configure(settings.log_level)
+    log.info("settings", version=__version__, settings=settings.redacted())
+    unknown = unknown_variables()
+    if unknown:
+        log.warning("unknown_settings", variables=unknown, hint="not read by the service: a typo?")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -4,14 +4,36 @@ Labels are bounded: message type names, outcome names and procedure names
 come from the registry and the code; no client or session ids. Gauges that
 mirror broker state are computed on scrape (``set_function``), so the hot
 path pays nothing for them.
+
+The same HTTP server answers ``/health/live`` and ``/health/ready`` for
+orchestrators (200, or 503 with a JSON body naming the failing checks), so a
+Docker or Kubernetes probe needs no other port. ``_created`` series are off
+(issue 13 counted 881 such lines at idle; Prometheus does not use them); the
+standard ``process_*`` series (RSS, CPU, open fds) come from
+prometheus_client's ProcessCollector.
 """
 
 from __future__ import annotations
 
+import json
 import platform
-from collections.abc import Callable
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import structlog
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    make_wsgi_app,
+)
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from service import __version__
 from service.protocol import REGISTRY
@@ -30,6 +52,11 @@ BAD_INPUT_ERRORS = (
 )
 #: fine below 10 ms, where the service lives; coarse above for outages
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: a health check: check name -> passing; healthy when every check passes
+Checks = Callable[[], Mapping[str, bool]]
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide: no *_created series
+log = structlog.get_logger("metrics")
 
 
 class Metrics:
@@ -38,6 +65,8 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         p = PREFIX
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds...
+        self._server: ThreadingWSGIServer | None = None
         self.messages = Counter(
             f"{p}_messages_total",
             "Messages answered or finished, by type and outcome.",
@@ -129,7 +158,59 @@ class Metrics:
         """Compute a gauge on scrape."""
         gauge.set_function(fn)
 
-    def serve(self, addr: str, port: int) -> int:
-        """Start the /metrics HTTP server in a daemon thread; returns the bound port."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        return int(server.server_port)
+    def serve(self, addr: str, port: int, *, live: Checks | None = None, ready: Checks | None = None) -> int:
+        """Start the HTTP server (/metrics, /health/live, /health/ready) in a daemon thread; returns its port.
+
+        live and ready are called on each probe; without them the probe passes while the process answers.
+        """
+        metrics_app = make_wsgi_app(self.registry)
+        probes = {"/health/live": live or dict, "/health/ready": ready or dict}
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            checks = probes.get(environ.get("PATH_INFO", ""))
+            if checks is None:
+                return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+            code, body = _probe(checks)
+            start_response(
+                "200 OK" if code == 200 else "503 Service Unavailable",
+                [
+                    ("Content-Type", "application/json"),
+                    ("Content-Length", str(len(body))),
+                    ("Cache-Control", "no-store"),
+                ],
+            )
+            return [body]
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+
+        self._server = make_server(addr, port, app, Server, handler_class=_QuietHandler)
+        threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True).start()
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stop the HTTP server and free its port."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def _probe(checks: Checks) -> tuple[int, bytes]:
+    """(HTTP status, JSON body) of one health probe: 503 names the failing checks."""
+    try:
+        results = {name: bool(ok) for name, ok in checks().items()}
+    except Exception as e:
+        log.exception("health_check_failed")
+        results, failing = {}, [f"check raised {type(e).__name__}"]
+    else:
+        failing = sorted(name for name, ok in results.items() if not ok)
+    doc = {"status": "fail" if failing else "pass", "checks": results, "failing": failing}
+    return (503 if failing else 200), json.dumps(doc).encode()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr: probes and scrapes every few seconds are not news."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
