@@ -1,11 +1,23 @@
-"""smartcache-cli: talk to a running service from a shell; prints JSON.
+"""smartcache-cli: talk to a running service from a shell; prints one JSON object.
 
 Examples::
 
     smartcache-cli ping
     smartcache-cli session-create client-42 --data '{"step": 1}'
-    smartcache-cli session-get 6f1c...-uuid
+    smartcache-cli session-get 6f1c2d4e-0b7a-4c55-9a51-3f0e8c1d2b6a
     smartcache-cli --endpoint tcp://10.0.0.5:5555 device-lookup dev-1
+    SMARTCACHE_ENDPOINT=tcp://10.0.0.5:5555 smartcache-cli ping
+
+Endpoint: --endpoint, else the SMARTCACHE_ENDPOINT environment variable,
+else tcp://127.0.0.1:5555.
+
+Output: one JSON object on stdout: "status" and the reply's fields. Session
+ids are UUID text everywhere (session-list included); other byte strings are
+{"hex": "..."}. A transport error or a timeout prints {"error": NAME,
+"message": ..., "endpoint": ...}.
+
+Exit codes: 0 an OK reply; 1 another status (NOT_FOUND, CONFLICT...); 2 a
+transport error, a timeout, or bad arguments (usage on stderr).
 """
 
 from __future__ import annotations
@@ -14,21 +26,35 @@ import argparse
 import json
 import os
 import sys
+import uuid
 from typing import Any
 
-from service.client import Client, Reply
-from service.errors import RequestError
+import zmq
+
+from service import __version__
+from service.client import DEFAULT_TIMEOUT_S, Client, Reply
+from service.errors import RequestError, RequestTimeout
+from service.protocol import REGISTRY
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+ENDPOINT_VARIABLE = "SMARTCACHE_ENDPOINT"
+#: product data types the core backend serves (the service's SMARTCACHE_PREWARM_TYPES default)
+DATA_TYPES = "1 accounts, 2 cards, 3 deposits, 4 loans"
+EXIT_OK, EXIT_STATUS, EXIT_TRANSPORT = 0, 1, 2
+#: subcommands whose DATA is parsed as JSON unless --raw is given
+DATA_HELP = "JSON: an object, a list, a number, true/false/null or a string in double quotes"
+RAW_HELP = "send DATA as a plain string instead of parsing it as JSON"
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: Any, key: str = "") -> Any:
     if isinstance(value, bytes):
+        if key == "session_id" and len(value) == 16:
+            return str(uuid.UUID(bytes=value))
         return {"hex": value.hex()}
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
+        return {k: _jsonable(v, k) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v, key) for v in value]
     return value
 
 
@@ -39,51 +65,112 @@ def _render(reply: Reply) -> dict[str, Any]:
     return out
 
 
-def _json_arg(text: str) -> Any:
+def _session(text: str) -> uuid.UUID:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text  # a bare word is a string
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a session id (UUID text, as session-create prints)"
+        ) from None
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="smartcache-cli", description=__doc__.split("\n\n")[0])
-    p.add_argument("--endpoint", default=os.environ.get("SMARTCACHE_ENDPOINT", DEFAULT_ENDPOINT))
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("ping")
-    c = sub.add_parser("session-create")
-    c.add_argument("client_id")
-    c.add_argument("--data", type=_json_arg)
-    c.add_argument("--ttl", type=int)
-    c.add_argument("--version")
-    c.add_argument("--session")
-    for name in ("session-get", "session-touch", "session-delete"):
-        sub.add_parser(name).add_argument("session")
-    u = sub.add_parser("session-update")
-    u.add_argument("session")
-    u.add_argument("data", type=_json_arg)
-    u.add_argument("--expected-rev", type=int)
-    sub.add_parser("session-list").add_argument("client_id")
-    cp = sub.add_parser("cache-put")
-    cp.add_argument("key")
-    cp.add_argument("data", type=_json_arg)
-    cp.add_argument("--ttl", type=int)
-    cp.add_argument("--data-type", type=int)
-    for name in ("cache-put", "cache-get", "cache-delete"):
-        sp = cp if name == "cache-put" else sub.add_parser(name)
-        if name != "cache-put":
-            sp.add_argument("key")
-        sp.add_argument("--session")
-    b = sub.add_parser("device-bind")
-    b.add_argument("device_id")
-    b.add_argument("client_id")
-    sub.add_parser("device-lookup").add_argument("device_id")
-    sub.add_parser("app-start").add_argument("device_id")
-    g = sub.add_parser("products-get")
-    g.add_argument("client_id")
-    g.add_argument("data_type", type=int)
+    p = argparse.ArgumentParser(
+        prog="smartcache-cli",
+        description="Send one request to a running smartcache service and print the reply as JSON.",
+        epilog=__doc__[__doc__.index("Endpoint:") :] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__} (protocol {REGISTRY.version})")
+    p.add_argument(
+        "--endpoint",
+        default=os.environ.get(ENDPOINT_VARIABLE) or DEFAULT_ENDPOINT,
+        help=f"the service's ZeroMQ endpoint, tcp://host:port or ipc://path"
+        f" (default: ${ENDPOINT_VARIABLE}, else {DEFAULT_ENDPOINT}; now %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="seconds to wait for the reply before giving up (exit 2); default %(default)s",
+    )
+    sub = p.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="one request; smartcache-cli COMMAND --help for its arguments",
+    )
+
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        spec = REGISTRY.types[name.upper().replace("-", "_")]
+        return sub.add_parser(name, help=summary, description=f"{spec.name}: {spec.doc}")
+
+    def session(
+        sp: argparse.ArgumentParser, help: str = "the session id (UUID text, as session-create prints)"
+    ) -> None:
+        sp.add_argument("session", type=_session, metavar="UUID", help=help)
+
+    def data(sp: argparse.ArgumentParser, *flag: str) -> None:
+        sp.add_argument(*(flag or ("data",)), metavar="DATA", help=DATA_HELP)
+        sp.add_argument("--raw", action="store_true", help=RAW_HELP)
+
+    command("ping", "check that the service answers (the broker replies itself)")
+
+    c = command("session-create", "create a session for a client; prints its id")
+    c.add_argument("client_id", help="the bank's client id")
+    data(c, "--data")
+    c.add_argument(
+        "--ttl", type=int, metavar="SECONDS", help="sliding lifetime in seconds (default: Tarantool's, 1800)"
+    )
+    c.add_argument("--version", metavar="APP_VERSION", help="the app version that opens the session, e.g. 5.2.0")
+    c.add_argument("--session", type=_session, metavar="UUID", help="use this session id (UUID) instead of a new one")
+
+    session(command("session-get", "read a session (and refresh its expiry)"))
+    session(command("session-touch", "refresh a session's expiry without reading it"))
+    session(command("session-delete", "delete a session and its cache entries"))
+    u = command("session-update", "replace a session's data")
+    session(u)
+    data(u)
+    u.add_argument(
+        "--expected-rev", type=int, metavar="REV", help="update only if the session's revision is REV (else CONFLICT)"
+    )
+    command("session-list", "list a client's live sessions").add_argument("client_id", help="the bank's client id")
+
+    session_help = "the session the entry belongs to (UUID); without it, the global namespace"
+    cp = command("cache-put", "store data under a key")
+    cp.add_argument("key", help="the cache key")
+    data(cp)
+    cp.add_argument("--ttl", type=int, metavar="SECONDS", help="lifetime in seconds (default: Tarantool's, 1800)")
+    cp.add_argument("--data-type", type=int, metavar="N", help=f"data type stored with the entry ({DATA_TYPES})")
+    cp.add_argument("--session", type=_session, metavar="UUID", help=session_help)
+    for name, summary in (("cache-get", "read a cache entry"), ("cache-delete", "delete a cache entry")):
+        sp = command(name, summary)
+        sp.add_argument("key", help="the cache key")
+        sp.add_argument("--session", type=_session, metavar="UUID", help=session_help)
+
+    b = command("device-bind", "bind a device to a client, so its app starts prewarm")
+    b.add_argument("device_id", help="the device id")
+    b.add_argument("client_id", help="the bank's client id")
+    command("device-lookup", "which client a device is bound to").add_argument("device_id", help="the device id")
+    command("app-start", "tell the service an app started (fire and forget: prints SENT)").add_argument(
+        "device_id", help="the device id"
+    )
+    g = command("products-get", "a client's products of one data type")
+    g.add_argument("client_id", help="the bank's client id")
+    g.add_argument("data_type", type=int, help=f"product data type: {DATA_TYPES}")
     return p
+
+
+def _parse_data(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """DATA is JSON unless --raw: a typo in JSON must not be stored as a string silently."""
+    text = getattr(a, "data", None)
+    if text is None or a.raw:
+        return
+    try:
+        a.data = json.loads(text)
+    except json.JSONDecodeError as e:
+        p.error(f"DATA is not valid JSON ({e}); quote a string as '\"text\"' or pass --raw to send it as is")
 
 
 def _run(c: Client, a: argparse.Namespace) -> Reply | None:
@@ -120,20 +207,38 @@ def _run(c: Client, a: argparse.Namespace) -> Reply | None:
     raise AssertionError(a.command)
 
 
+def _print(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Exit 0 on an OK reply, 1 on another status, 2 on a transport error or timeout."""
-    args = _parser().parse_args(argv)
-    with Client(args.endpoint, timeout_s=args.timeout) as client:
+    """Exit 0 on an OK reply, 1 on another status, 2 on a transport error, a timeout or bad arguments."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _parse_data(parser, args)
+    endpoint = args.endpoint
+    try:
+        client = Client(endpoint, timeout_s=args.timeout)
+    except zmq.ZMQError as e:
+        parser.error(f"--endpoint / ${ENDPOINT_VARIABLE} {endpoint!r}: {e} (expected tcp://host:port or ipc://path)")
+    with client:
         try:
             reply = _run(client, args)
-        except (RequestError, ValueError) as e:
-            print(json.dumps({"error": getattr(e, "transport_error", "BAD_ARGUMENT"), "message": str(e)}))
-            return 2
+        except RequestTimeout:
+            message = (
+                f"no reply from {endpoint} within {args.timeout:g} s: is the service running there?"
+                f" (set --endpoint or ${ENDPOINT_VARIABLE})"
+            )
+            _print({"error": "TIMEOUT", "message": message, "endpoint": endpoint})
+            return EXIT_TRANSPORT
+        except RequestError as e:
+            _print({"error": e.transport_error, "message": str(e), "endpoint": endpoint})
+            return EXIT_TRANSPORT
     if reply is None:
-        print(json.dumps({"status": "SENT"}))
-        return 0
-    print(json.dumps(_render(reply)))
-    return 0 if reply.ok else 1
+        _print({"status": "SENT", "endpoint": endpoint})
+        return EXIT_OK
+    _print(_render(reply))
+    return EXIT_OK if reply.ok else EXIT_STATUS
 
 
 if __name__ == "__main__":

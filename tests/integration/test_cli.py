@@ -1,0 +1,204 @@
+"""smartcache-cli and smartcache as real subprocesses: help, versions, JSON output, exit codes, errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from service import __version__
+from service.cli import _parser
+from service.devstack import Tarantool, free_port
+from tests.conftest import Running, service_process
+
+BIN = Path(sys.executable).parent
+SUBCOMMANDS = [
+    "ping",
+    "session-create",
+    "session-get",
+    "session-touch",
+    "session-delete",
+    "session-update",
+    "session-list",
+    "cache-put",
+    "cache-get",
+    "cache-delete",
+    "device-bind",
+    "device-lookup",
+    "app-start",
+    "products-get",
+]
+
+
+def run(program: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SMARTCACHE_")}
+    return subprocess.run(
+        [str(BIN / program), *args], env={**full_env, **env}, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def cli(svc: Running, *args: str) -> tuple[int, dict]:
+    """Run smartcache-cli against svc; (exit code, the JSON object it printed)."""
+    done = run("smartcache-cli", "--endpoint", svc.endpoint, *args)
+    assert done.stderr == ""
+    return done.returncode, json.loads(done.stdout)
+
+
+# -- smartcache-cli ----------------------------------------------------------------
+
+
+def test_cli_ping_prints_ok_and_exits_0(svc: Running) -> None:
+    code, out = cli(svc, "ping")
+    assert (code, out["status"]) == (0, "OK")
+
+
+def test_session_ids_are_uuid_text_in_create_get_and_list(svc: Running) -> None:
+    client = f"cli-{uuid.uuid4()}"
+    code, created = cli(svc, "session-create", client, "--data", '{"step": 1}', "--ttl", "60")
+    assert (code, created["status"]) == (0, "OK")
+    sid = created["session_id"]
+    assert str(uuid.UUID(sid)) == sid
+    code, got = cli(svc, "session-get", sid)
+    assert (code, got["data"]) == (0, {"step": 1})
+    code, listed = cli(svc, "session-list", client)
+    assert code == 0
+    assert [s["session_id"] for s in listed["sessions"]] == [sid]
+
+
+def test_another_status_exits_1(svc: Running) -> None:
+    code, out = cli(svc, "session-get", str(uuid.uuid4()))
+    assert (code, out["status"]) == (1, "NOT_FOUND")
+
+
+def test_data_that_is_not_json_is_refused_unless_raw(svc: Running) -> None:
+    client = f"cli-{uuid.uuid4()}"
+    refused = run("smartcache-cli", "--endpoint", svc.endpoint, "session-create", client, "--data", "{step: 1")
+    assert refused.returncode == 2
+    assert "not valid JSON" in refused.stderr
+    assert "--raw" in refused.stderr
+    assert cli(svc, "session-list", client)[1]["sessions"] == []  # nothing was sent
+    code, created = cli(svc, "session-create", client, "--data", "{step: 1", "--raw")
+    assert code == 0
+    assert cli(svc, "session-get", created["session_id"])[1]["data"] == "{step: 1"
+
+
+def test_cache_put_data_is_json_too(svc: Running) -> None:
+    assert run("smartcache-cli", "--endpoint", svc.endpoint, "cache-put", "k-cli", "nope").returncode == 2
+    assert cli(svc, "cache-put", "k-cli", '"yes"', "--data-type", "2")[0] == 0
+    assert cli(svc, "cache-get", "k-cli")[1]["data"] == "yes"
+
+
+def test_a_bad_session_id_is_a_usage_error() -> None:
+    done = run("smartcache-cli", "session-get", "not-a-uuid")
+    assert done.returncode == 2
+    assert "not a session id" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_endpoint_comes_from_smartcache_endpoint(svc: Running) -> None:
+    done = run("smartcache-cli", "ping", SMARTCACHE_ENDPOINT=svc.endpoint)
+    assert (done.returncode, json.loads(done.stdout)["status"]) == (0, "OK")
+
+
+def test_a_timeout_names_the_endpoint_it_tried() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"  # nobody listens there
+    done = run("smartcache-cli", "--timeout", "0.3", "ping", SMARTCACHE_ENDPOINT=endpoint)
+    assert done.returncode == 2
+    out = json.loads(done.stdout)
+    assert (out["error"], out["endpoint"]) == ("TIMEOUT", endpoint)
+    assert endpoint in out["message"]
+
+
+def test_a_malformed_endpoint_is_a_usage_error() -> None:
+    done = run("smartcache-cli", "--endpoint", "localhost:5555", "ping")
+    assert done.returncode == 2
+    assert "localhost:5555" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_help_documents_endpoint_and_exit_codes() -> None:
+    done = run("smartcache-cli", "--help")
+    assert done.returncode == 0
+    for text in ("SMARTCACHE_ENDPOINT", "--endpoint", "Exit codes", *SUBCOMMANDS):
+        assert text in done.stdout
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_help(command: str) -> None:
+    done = run("smartcache-cli", command, "--help")
+    assert done.returncode == 0
+    assert f"usage: smartcache-cli {command}" in done.stdout
+
+
+def test_every_argument_has_help_text() -> None:
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sorted(sub.choices) == sorted(SUBCOMMANDS)
+    for name, p in [("", parser), *sub.choices.items()]:
+        for action in p._actions:
+            assert action.help, f"{name} {action.dest} has no help"
+
+
+def test_products_get_help_says_what_data_types_mean() -> None:
+    assert "1 accounts, 2 cards, 3 deposits, 4 loans" in run("smartcache-cli", "products-get", "--help").stdout
+
+
+def test_cli_version() -> None:
+    done = run("smartcache-cli", "--version")
+    assert (done.returncode, done.stdout.split()[:2]) == (0, ["smartcache-cli", __version__])
+
+
+# -- smartcache (the service) ---------------------------------------------------------
+
+
+def test_service_help_does_not_start_the_service() -> None:
+    port, metrics_port = free_port(), free_port()
+    done = run(
+        "smartcache", "--help", SMARTCACHE_LISTEN=f"tcp://127.0.0.1:{port}", SMARTCACHE_METRICS_PORT=str(metrics_port)
+    )
+    assert done.returncode == 0
+    assert "usage: smartcache" in done.stdout
+    assert "SMARTCACHE_" in done.stdout
+    assert "service_started" not in done.stdout + done.stderr
+    assert done.stderr == ""
+
+
+def test_service_version() -> None:
+    done = run("smartcache", "--version")
+    assert (done.returncode, done.stdout.strip()) == (0, f"smartcache {__version__}")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SMARTCACHE_METRICS_PORT", "99999"),  # was an OverflowError traceback
+        ("SMARTCACHE_LISTEN", "127.0.0.1:5555"),  # was a zmq traceback
+        ("SMARTCACHE_TARANTOOL", "127.0.0.1"),
+        ("SMARTCACHE_BACKEND_URL", "ftp://core"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_json_line_naming_the_variable(name: str, value: str) -> None:
+    done = run("smartcache", **{name: value})
+    assert done.returncode == 2
+    assert "Traceback" not in done.stdout + done.stderr
+    (line,) = done.stdout.splitlines()
+    doc = json.loads(line)
+    assert (doc["event"], doc["level"]) == ("bad_settings", "error")
+    assert f"{name}={value!r}" in doc["error"]
+
+
+def test_service_logs_its_effective_settings_with_secrets_hidden(storage: Tarantool, tmp_path: Path) -> None:
+    with service_process(storage, tmp_path, SMARTCACHE_WORKERS="7", SMARTCACHE_WORKER_TYPO="1") as sp:
+        assert sp.stop() == 0
+    lines = [json.loads(line) for line in sp.log_path.read_text().splitlines()]
+    (settings,) = [line["settings"] for line in lines if line["event"] == "settings"]
+    assert settings["tarantool_password"] == "***"
+    assert (settings["workers"], settings["listen"], settings["tarantool"]) == (7, sp.endpoint, [storage.address])
+    (unknown,) = [line for line in lines if line["event"] == "unknown_settings"]
+    assert unknown["variables"] == ["SMARTCACHE_WORKER_TYPO"]
