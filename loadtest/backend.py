@@ -12,6 +12,9 @@ Control routes (JSON):
 * ``POST /_config``           change latency_ms, jitter_ms, error_rate, bad_reply_rate at run time
 
 ``python -m loadtest.backend --port 8090 --latency-ms 200``
+
+It logs like the service (service.logs: JSON lines, or colours on a terminal):
+start, configuration changes, HTTP errors and stop; no line per request.
 """
 
 from __future__ import annotations
@@ -20,12 +23,18 @@ import argparse
 import json
 import random
 import re
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import structlog
+
+from service import logs
+
 PRODUCTS = re.compile(r"^/clients/([^/]+)/products/(-?\d+)$")
+log = structlog.get_logger("backend")
 
 
 class BackendState:
@@ -73,7 +82,10 @@ def make_handler(state: BackendState) -> type[BaseHTTPRequestHandler]:
         disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stalls
 
         def log_message(self, format: str, *args: Any) -> None:
-            pass
+            pass  # no line per request
+
+        def log_error(self, format: str, *args: Any) -> None:
+            log.warning("backend_http_error", client=self.client_address[0], error=format % args)
 
         def _reply(self, code: int, body: bytes, ctype: str = "application/json") -> None:
             self.send_response(code)
@@ -121,6 +133,7 @@ def make_handler(state: BackendState) -> type[BaseHTTPRequestHandler]:
                 except (ValueError, TypeError) as e:
                     self._reply(400, json.dumps({"error": str(e)}).encode())
                     return
+                log.info("backend_config_changed", **state.config)
                 self._reply(200, json.dumps(state.config).encode())
             else:
                 self._reply(404, b'{"error": "no such route"}')
@@ -162,7 +175,9 @@ def main() -> None:
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--bad-reply-rate", type=float, default=0.0)
+    p.add_argument("--log-level", choices=tuple(logs.LEVELS), default="info")
     a = p.parse_args()
+    logs.configure(a.log_level)
     b = Backend(
         a.host,
         a.port,
@@ -171,13 +186,15 @@ def main() -> None:
         error_rate=a.error_rate,
         bad_reply_rate=a.bad_reply_rate,
     )
-    print(f"simulated backend on {b.url} (latency {a.latency_ms} ms)", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=b.server.shutdown).start())
+    log.info("backend_listening", url=b.url, **b.state.config)
     try:
         b.server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         b.server.server_close()
+        log.info("backend_stopped", calls=b.state.stats()["calls"])
 
 
 if __name__ == "__main__":

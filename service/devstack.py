@@ -3,16 +3,24 @@
 Starts Tarantool instances (lua/init.lua), the service and the simulated
 backend as child processes on 127.0.0.1, waits until each is ready, and stops
 each by its PID. Children get SIGTERM if this process dies (PR_SET_PDEATHSIG),
-so nothing outlives its parent.
+so nothing outlives its parent. Each start appends a ``run_started`` JSON line
+to the child's log, so a run's lines are easy to find in an appended log.
 
 ``python -m service.devstack`` is `make run`: master + replica, the service and
-the simulated backend in the foreground; Ctrl-C stops them all.
+the simulated backend in the foreground; Ctrl-C stops them all. Before
+starting anything it checks every port it needs is free and names the
+variable to change if not (a second `make run` next to a running one stops
+there). A child is ready only when the process we started is the one
+listening on its ports (Linux /proc), so another program answering on the
+same port can never pass for it. On a terminal, the logs of all four are
+shown as they grow, one coloured line each (structlog's console renderer).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import json
 import os
 import shutil
@@ -20,18 +28,31 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+import structlog
+
+from service.config import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA_INIT = ROOT / "lua" / "init.lua"
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
+POLL_S = 0.05
+TAIL_POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
+_TCP_LISTEN = "0A"  # socket state in /proc/net/tcp
+
+
+class NotReady(Exception):
+    """A child exited, or did not become ready in time, or we were asked to stop while waiting."""
 
 
 def free_port() -> int:
@@ -39,6 +60,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could bind host:port now (SO_REUSEADDR, as servers set it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process pid holds a listening TCP socket on port (Linux: /proc/net/tcp* and /proc/<pid>/fd)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                f = row.split()
+                if f[3] == _TCP_LISTEN and int(f[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return False
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in inodes:
+                    return True
+    return False
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -55,6 +107,10 @@ def http_get_json(url: str, timeout_s: float = 2.0) -> tuple[int, Any]:
         return e.code, json.loads(e.read() or b"null")
 
 
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
 @dataclass
 class Child:
     """A child process started by us and stopped by its PID."""
@@ -64,20 +120,25 @@ class Child:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: where this run's lines start in log_path (after the run_started marker)
+    log_offset: int = 0
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.argv,
-            env={**os.environ, **self.env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl(2), safe after fork
-            start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
-        )
-        log.close()
+        with self.log_path.open("ab") as log:
+            marker = {"timestamp": _now_iso(), "level": "info", "event": "run_started", "process": self.name}
+            log.write(json.dumps({**marker, "argv": self.argv, "by_pid": os.getpid()}).encode() + b"\n")
+            log.flush()
+            self.log_offset = log.tell()
+            self.proc = subprocess.Popen(
+                self.argv,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl(2), safe after fork
+                start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+            )
 
     @property
     def pid(self) -> int:
@@ -109,6 +170,31 @@ class Child:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return ""
+
+    def wait_until(
+        self,
+        what: str,
+        ready: Callable[[], bool],
+        timeout_s: float = READY_TIMEOUT_S,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Poll ready() until true; NotReady if this child exits, time runs out or stop is set."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if not self.alive():
+                raise NotReady(f"{self.name} exited before {what}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise NotReady(f"{self.name}: no {what} in {timeout_s:g} s:\n{self.log_tail()}")
+            if stop is not None and stop.wait(POLL_S):
+                raise NotReady(f"stopped while waiting for {self.name}")
+            if stop is None:
+                time.sleep(POLL_S)
+
+    def wait_listening(self, *ports: int, stop: threading.Event | None = None) -> None:
+        """Until this very process listens on every port (another program on one of them never counts)."""
+        self.wait_until(
+            f"listening on {', '.join(map(str, ports))}", lambda: all(listens(self.pid, p) for p in ports), stop=stop
+        )
 
 
 @dataclass
@@ -163,115 +249,265 @@ class Tarantool(Child):
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
-        """Wait until /health answers 200; returns the health document."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, stop: threading.Event | None = None) -> dict[str, Any]:
+        """Wait until this process listens on both ports and its /health answers 200; returns the document."""
+        health: dict[str, Any] = {}
+
+        def ready() -> bool:
+            if not (listens(self.pid, self.port) and listens(self.pid, self.http_port)):
+                return False
             with contextlib.suppress(OSError, ValueError):
                 status, doc = http_get_json(self.http_url + "/health", timeout_s=1.0)
                 if status == 200:
-                    return doc  # type: ignore[no-any-return]
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.name} not ready in {timeout_s}s:\n{self.log_tail()}")
+                    health.update(doc)
+                    return True
+            return False
+
+        self.wait_until("/health 200", ready, timeout_s, stop)
+        return health
 
 
-def _banner(lines: list[tuple[str, str]]) -> None:
+# -- make run ----------------------------------------------------------------------------
+
+
+class BadEnvironment(Exception):
+    """A make run variable is unusable, or a port it needs is taken; the message names the variable."""
+
+
+@dataclass
+class Plan:
+    """What `make run` starts, on which ports, from which variables."""
+
+    base: Path
+    #: variable -> port; every one must be free before anything starts
+    ports: dict[str, int]
+    listen: str
+    listen_port: int | None  # None: an ipc:// endpoint, nothing to check
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Plan:
+        defaults = {
+            "SC_MASTER_PORT": 3301,
+            "SC_REPLICA_PORT": 3302,
+            "SC_MASTER_HTTP_PORT": 8301,
+            "SC_REPLICA_HTTP_PORT": 8302,
+            "BACKEND_PORT": 8090,
+            "SMARTCACHE_METRICS_PORT": 9105,
+        }
+        ports, errors = {}, []
+        for name, default in defaults.items():
+            raw = env.get(name, "").strip() or str(default)
+            if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+                errors.append(f"{name}={raw!r} must be a port number 1..65535")
+            else:
+                ports[name] = int(raw)
+        listen = env.get("SMARTCACHE_LISTEN", "").strip() or "tcp://127.0.0.1:5555"
+        listen_port = None
+        if listen.startswith("tcp://"):
+            port = listen.rpartition(":")[2]
+            if port.isdigit() and int(port) > 0:
+                listen_port = ports["SMARTCACHE_LISTEN"] = int(port)
+            else:
+                errors.append(f"SMARTCACHE_LISTEN={listen!r}: make run needs a fixed port (tcp://host:PORT)")
+        if errors:
+            raise BadEnvironment("; ".join(errors))
+        return cls(Path(env.get("SMARTCACHE_VAR") or ROOT / "var"), ports, listen, listen_port)
+
+    def check_ports(self) -> None:
+        """Every port distinct and free now, or BadEnvironment naming each variable to change."""
+        by_port: dict[int, list[str]] = {}
+        for name, port in self.ports.items():
+            by_port.setdefault(port, []).append(name)
+        shared = [f"{' and '.join(names)} share port {port}" for port, names in by_port.items() if len(names) > 1]
+        if shared:
+            raise BadEnvironment(f"{'; '.join(shared)}: give each its own port")
+        taken = [f"{port} ({names[0]})" for port, names in by_port.items() if not port_is_free(port)]
+        if taken:
+            raise BadEnvironment(
+                f"port {', '.join(taken)} already in use (another make run?): set each variable named to a free port"
+            )
+
+
+def _banner(lines: list[tuple[str, str]], out: TextIO) -> None:
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
-        print(f"  {k:<{width}}  {v}", flush=True)  # noqa: T201 - the point of `make run`
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, "") or default)
+        print(f"  {k:<{width}}  {v}", file=out, flush=True)
 
 
 def main() -> int:
     """`make run`: master + replica, the simulated backend and the service, until Ctrl-C."""
-    base = Path(os.environ.get("SMARTCACHE_VAR", ROOT / "var"))
-    master = Tarantool.create(
-        "master", base, port=_env_int("SC_MASTER_PORT", 3301), http_port=_env_int("SC_MASTER_HTTP_PORT", 8301)
-    )
+    try:
+        plan = Plan.from_env(dict(os.environ))
+        service_env = {
+            "SMARTCACHE_LISTEN": plan.listen,
+            "SMARTCACHE_TARANTOOL": f"127.0.0.1:{plan.ports['SC_MASTER_PORT']}",
+            "SMARTCACHE_METRICS_PORT": str(plan.ports["SMARTCACHE_METRICS_PORT"]),
+            "SMARTCACHE_BACKEND_URL": f"http://127.0.0.1:{plan.ports['BACKEND_PORT']}",
+        }
+        Settings.from_env({**os.environ, **service_env})  # the service's own check, before anything starts
+        plan.check_ports()
+    except (BadEnvironment, SettingsError) as e:
+        print(f"make run: {e}", file=sys.stderr, flush=True)  # noqa: T201
+        return 1
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return _run(plan, service_env, stop)
+
+
+def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
+    p = plan.ports
+    master = Tarantool.create("master", plan.base, port=p["SC_MASTER_PORT"], http_port=p["SC_MASTER_HTTP_PORT"])
     replica = Tarantool.create(
         "replica",
-        base,
-        port=_env_int("SC_REPLICA_PORT", 3302),
-        http_port=_env_int("SC_REPLICA_HTTP_PORT", 8302),
+        plan.base,
+        port=p["SC_REPLICA_PORT"],
+        http_port=p["SC_REPLICA_HTTP_PORT"],
         read_only=True,
         replication=[master.address],
     )
-    backend_port = _env_int("BACKEND_PORT", 8090)
     backend = Child(
         name="backend",
-        argv=[sys.executable, "-m", "loadtest.backend", "--port", str(backend_port)],
+        argv=[sys.executable, "-m", "loadtest.backend", "--port", str(p["BACKEND_PORT"])],
         env={},
-        log_path=base / "backend.log",
+        log_path=plan.base / "backend.log",
     )
-    listen = os.environ.get("SMARTCACHE_LISTEN", "tcp://127.0.0.1:5555")
-    metrics_port = _env_int("SMARTCACHE_METRICS_PORT", 9105)
     service = Child(
-        name="service",
-        argv=[sys.executable, "-m", "service"],
-        log_path=base / "service.log",
-        env={
-            "SMARTCACHE_LISTEN": listen,
-            "SMARTCACHE_TARANTOOL": master.address,
-            "SMARTCACHE_METRICS_PORT": str(metrics_port),
-            "SMARTCACHE_BACKEND_URL": f"http://127.0.0.1:{backend_port}",
-        },
+        name="service", argv=[sys.executable, "-m", "service"], log_path=plan.base / "service.log", env=service_env
     )
+    metrics_url = f"http://127.0.0.1:{p['SMARTCACHE_METRICS_PORT']}"
+    tail = LogTail(sys.stdout).start() if sys.stdout.isatty() else None
     children: list[Child] = []
-    stopping = False
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     try:
-        for instance in (master, replica):
-            instance.start()
-            children.append(instance)
-            instance.wait_ready()
-        for child in (backend, service):
+        for child in (master, replica, backend, service):
             child.start()
             children.append(child)
-        _wait_for_port(backend_port, backend)
-        _wait_for_port(metrics_port, service)
-        _banner(
-            [
-                ("service (ZeroMQ)", f"{listen}  log {service.log_path}"),
-                ("service metrics", f"http://127.0.0.1:{metrics_port}/metrics"),
-                ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
-                ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
-                ("simulated backend", f"http://127.0.0.1:{backend_port}  log {backend.log_path}"),
-                ("try", f".venv/bin/smartcache-cli --endpoint {listen} ping"),
-                ("stop", "Ctrl-C"),
-            ]
-        )
-        while not stopping and all(c.alive() for c in children):
-            time.sleep(0.2)
-        for c in children:
-            if not stopping and not c.alive():
-                print(f"{c.name} exited unexpectedly:\n{c.log_tail()}", file=sys.stderr)  # noqa: T201
-                return 1
+            if tail is not None:
+                tail.follow(child)
+            if isinstance(child, Tarantool):
+                child.wait_ready(stop=stop)
+        backend.wait_listening(p["BACKEND_PORT"], stop=stop)
+        service.wait_listening(p["SMARTCACHE_METRICS_PORT"], *filter(None, [plan.listen_port]), stop=stop)
+        service.wait_until("/health/ready 200", lambda: _http_status(metrics_url + "/health/ready") == 200, stop=stop)
+        banner = [
+            ("service (ZeroMQ)", f"{plan.listen}  log {service.log_path}"),
+            ("service metrics", f"{metrics_url}/metrics  health {metrics_url}/health/ready"),
+            ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
+            ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
+            ("simulated backend", f"http://127.0.0.1:{p['BACKEND_PORT']}  log {backend.log_path}"),
+            ("try", f".venv/bin/smartcache-cli --endpoint {plan.listen} ping"),
+            ("ready; stop with", "Ctrl-C"),
+        ]
+        if tail is not None:
+            tail.banner(banner)
+        else:
+            _banner(banner, sys.stdout)
+        while not stop.wait(TAIL_POLL_S):
+            for c in children:
+                if not c.alive():
+                    print(f"make run: {c.name} exited unexpectedly:\n{c.log_tail()}", file=sys.stderr)  # noqa: T201
+                    return 1
         return 0
+    except NotReady as e:
+        if stop.is_set():
+            return 0
+        print(f"make run: {e}", file=sys.stderr)  # noqa: T201
+        return 1
     finally:
         for c in reversed(children):  # service first (it drains), storage last
             c.stop()
+        if tail is not None:
+            tail.stop()
 
 
-def _wait_for_port(port: int, child: Child, timeout_s: float = READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not child.alive():
-            raise RuntimeError(f"{child.name} exited:\n{child.log_tail()}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"{child.name} did not open port {port}:\n{child.log_tail()}")
+def _http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as r:  # noqa: S310 - our own local endpoint
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+# -- the coloured tail of all logs, on a terminal ----------------------------------------------
+
+#: Tarantool's JSON log keys -> structlog's; the rest of its fields are noise on a terminal
+_TARANTOOL_KEYS = {"time": "timestamp", "message": "event"}
+_NOISE = ("pid", "cord_name", "fiber_id", "fiber_name", "file", "line")
+_NAME_COLOURS = ("\x1b[36m", "\x1b[35m", "\x1b[33m", "\x1b[32m", "\x1b[34m")
+_RESET = "\x1b[0m"
+
+
+class LogTail:
+    """Follows the children's logs from their run_started marker; prints each line rendered by structlog.
+
+    A daemon thread polls the files; ``banner`` prints between two polls, so lines never interleave.
+    """
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self._renderer = structlog.dev.ConsoleRenderer(colors=True, pad_event_to=25)
+        self._files: list[tuple[Child, str, Any]] = []
+        self._partial: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-tail", daemon=True)
+
+    def start(self) -> LogTail:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Print what is left, then stop following."""
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+        for _, _, f in self._files:
+            f.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(TAIL_POLL_S):
+            self.poll()
+
+    def banner(self, lines: list[tuple[str, str]]) -> None:
+        self.poll()
+        with self._lock:
+            _banner(lines, self.out)
+
+    def follow(self, child: Child) -> None:
+        f = child.log_path.open("rb")
+        f.seek(child.log_offset)
+        colour = _NAME_COLOURS[len(self._files) % len(_NAME_COLOURS)]
+        with self._lock:
+            self._files.append((child, f"{colour}{child.name:<8}{_RESET}|", f))
+
+    def poll(self) -> None:
+        """Print every complete line written since the last poll."""
+        with self._lock:
+            for child, prefix, f in self._files:
+                data = self._partial.pop(child.name, b"") + f.read()
+                *lines, rest = data.split(b"\n")
+                if rest:
+                    self._partial[child.name] = rest
+                for line in lines:
+                    if line.strip():
+                        print(prefix, self.render(line.decode(errors="replace")), file=self.out)
+            self.out.flush()
+
+    def render(self, line: str) -> str:
+        """A JSON log line (ours or Tarantool's) as one readable, coloured line; anything else as is."""
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return line
+        if not isinstance(doc, dict):
+            return line
+        event: dict[str, Any] = {_TARANTOOL_KEYS.get(str(k), str(k)): v for k, v in doc.items() if k not in _NOISE}
+        event["level"] = str(event.get("level", "info")).lower()
+        event["timestamp"] = str(event.get("timestamp", ""))[11:23]  # the time of day is enough here
+        event.setdefault("event", "")
+        return str(self._renderer(None, "", event))
 
 
 if __name__ == "__main__":

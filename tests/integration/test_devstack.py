@@ -1,18 +1,35 @@
-"""`make run`: the whole stack starts, serves, and stops cleanly on Ctrl-C (SIGINT)."""
+"""`make run`: the whole stack starts, serves, shows its logs and stops cleanly on Ctrl-C (SIGINT);
+it refuses to start next to another one, naming the variable to change."""
 
 from __future__ import annotations
 
+import json
 import os
+import pty
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from service.client import Client
-from service.devstack import free_port
+from service.devstack import LogTail, free_port, listens
+
+PORT_VARIABLES = (
+    "SC_MASTER_PORT",
+    "SC_REPLICA_PORT",
+    "SC_MASTER_HTTP_PORT",
+    "SC_REPLICA_HTTP_PORT",
+    "BACKEND_PORT",
+    "SMARTCACHE_METRICS_PORT",
+)
+LOGS = ("master", "replica", "backend", "service")
 
 
 def _alive(pid: int) -> bool:
@@ -35,47 +52,105 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_make_run_stack_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    ports = {
-        name: free_port()
-        for name in (
-            "SC_MASTER_PORT",
-            "SC_REPLICA_PORT",
-            "SC_MASTER_HTTP_PORT",
-            "SC_REPLICA_HTTP_PORT",
-            "BACKEND_PORT",
-            "SMARTCACHE_METRICS_PORT",
-        )
-    }
-    listen = f"tcp://127.0.0.1:{free_port()}"
-    env = {
+def _stack_env(var: Path) -> dict[str, str]:
+    """make run's variables, every port a free one, data and logs in var."""
+    return {
         **os.environ,
-        **{k: str(v) for k, v in ports.items()},
-        "SMARTCACHE_LISTEN": listen,
-        "SMARTCACHE_VAR": str(tmp_path),
+        **{name: str(free_port()) for name in PORT_VARIABLES},
+        "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{free_port()}",
+        "SMARTCACHE_VAR": str(var),
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.devstack"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+
+
+def _make_run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A make run expected to stop at once (its checks fail)."""
+    return subprocess.run(
+        [sys.executable, "-m", "service.devstack"], env=env, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+class Terminal:
+    """A pseudo-terminal as a child's stdout and stderr; a thread collects what the child prints."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = pty.openpty()
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: every writer is gone
+                return
+            if not chunk:
+                return
+            self._chunks.append(chunk)
+
+    @property
+    def text(self) -> str:
+        return b"".join(self._chunks).decode(errors="replace")
+
+    def wait_for(self, text: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.text:
+            assert proc.poll() is None, f"exited {proc.returncode}:\n{self.text}"
+            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.text}"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        os.close(self.master)
+
+
+@pytest.fixture
+def terminal() -> Iterator[Terminal]:
+    t = Terminal()
+    yield t
+    t.close()
+
+
+def test_make_run_serves_shows_coloured_logs_refuses_a_second_run_and_stops_on_ctrl_c(
+    tmp_path: Path, terminal: Terminal
+) -> None:
+    env = _stack_env(tmp_path)
+    listen, metrics = env["SMARTCACHE_LISTEN"], f"http://127.0.0.1:{env['SMARTCACHE_METRICS_PORT']}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.devstack"], env=env, stdout=terminal.slave, stderr=terminal.slave
+    )
+    os.close(terminal.slave)
     try:
-        deadline = time.monotonic() + 60
-        banner = ""
-        while "Ctrl-C" not in banner:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, banner
-            banner += proc.stdout.readline() if proc.stdout else ""
-        assert listen in banner
+        terminal.wait_for("Ctrl-C", proc)
+        assert listen in terminal.text
         children = _children(proc.pid)
         assert len(children) == 4  # master, replica, backend, service
         with Client(listen, timeout_s=10) as c:
             created = c.session_create("devstack-client", data={"x": 1})
             assert created.ok
             assert c.device_bind("devstack-dev", "devstack-client").ok
-        replica = f"http://127.0.0.1:{ports['SC_REPLICA_HTTP_PORT']}"
+        replica = f"http://127.0.0.1:{env['SC_REPLICA_HTTP_PORT']}"
         health = httpx.get(f"{replica}/health", timeout=5).json()
         assert (health["role"], health["replication"][0]["upstream_status"]) == ("replica", "follow")
-        metrics = httpx.get(f"http://127.0.0.1:{ports['SMARTCACHE_METRICS_PORT']}/metrics", timeout=5).text
-        assert "smartcache_build_info" in metrics
+        assert "smartcache_build_info" in httpx.get(f"{metrics}/metrics", timeout=5).text
+        assert httpx.get(f"{metrics}/health/ready", timeout=5).status_code == 200
+
+        # the terminal shows every child's log, one coloured readable line each (not JSON)
+        terminal.wait_for("service_started", proc)
+        line = next(li for li in terminal.text.splitlines() if "service_started" in li)
+        assert "service" in line.split("|")[0]
+        assert "\x1b[" in line
+        assert "{" not in line.split("service_started")[0]
+        assert "bound to 127.0.0.1" in terminal.text  # Tarantool's own lines too
+
+        # a second make run next to this one stops before starting anything, naming the variables
+        second = _make_run({**env, "SMARTCACHE_VAR": str(tmp_path / "second")})
+        assert second.returncode == 1
+        assert "Traceback" not in second.stderr
+        assert second.stderr.startswith("make run: ")
+        for name in (*PORT_VARIABLES, "SMARTCACHE_LISTEN"):
+            assert name in second.stderr
+        assert not (tmp_path / "second").exists()
+
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
         assert not [pid for pid in children if _alive(pid)]
@@ -83,5 +158,67 @@ def test_make_run_stack_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    for name in LOGS:  # this run's lines start at its marker
+        first = json.loads((tmp_path / f"{name}.log").read_text().splitlines()[0])
+        assert (first["event"], first["process"], first["by_pid"]) == ("run_started", name, proc.pid)
+
+
+def test_make_run_refuses_a_port_that_is_taken_and_names_its_variable(tmp_path: Path) -> None:
+    env = _stack_env(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _make_run({**env, "BACKEND_PORT": str(port)})
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"make run: port {port} (BACKEND_PORT) already in use")
+    assert "set each variable named to a free port" in line
+    assert done.stdout == ""
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"SC_MASTER_PORT": "abc"}, "SC_MASTER_PORT='abc'"),
+        ({"SMARTCACHE_METRICS_PORT": "99999"}, "SMARTCACHE_METRICS_PORT='99999'"),
+        ({"SC_MASTER_PORT": "4001", "SC_REPLICA_PORT": "4001"}, "SC_MASTER_PORT and SC_REPLICA_PORT share port 4001"),
+        ({"SMARTCACHE_LISTEN": "127.0.0.1:5555"}, "SMARTCACHE_LISTEN"),
+        ({"SMARTCACHE_WORKERS": "0"}, "SMARTCACHE_WORKERS='0'"),  # the service's own settings are checked first
+    ],
+)
+def test_make_run_refuses_bad_values_naming_the_variable(tmp_path: Path, overrides: dict[str, str], named: str) -> None:
+    done = _make_run({**_stack_env(tmp_path), **overrides})
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("make run: ")
+    assert named in line
+
+
+def test_listens_tells_the_process_holding_a_port_from_any_other() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert listens(os.getpid(), port)
+        assert not listens(os.getppid(), port)
+    assert not listens(os.getpid(), port)
+
+
+def test_the_tail_renders_our_json_tarantool_json_and_plain_lines() -> None:
+    tail = LogTail(sys.stdout)
+    ours = tail.render(
+        json.dumps({"event": "service_started", "level": "info", "timestamp": "2026-01-02T03:04:05.678Z"})
+    )
+    assert "service_started" in ours
+    assert "03:04:05.678" in ours
+    assert "\x1b[" in ours
+    tarantool = tail.render(
+        json.dumps(
+            {"time": "2026-01-02T03:04:05.678+0000", "level": "INFO", "message": "ready", "pid": 7, "fiber_id": 1}
+        )
+    )
+    assert "ready" in tarantool
+    assert "fiber_id" not in tarantool
+    assert tail.render("Traceback (most recent call last):") == "Traceback (most recent call last):"
