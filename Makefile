@@ -6,7 +6,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 
-.PHONY: run test lint fmt bench clean sysdeps venv lua-test
+.PHONY: help run test lint fmt bench clean reset-data sysdeps venv lua-test
+.DEFAULT_GOAL := help
+
+help:  ## list the targets (this text)
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 sysdeps:  ## Debian packages: tarantool, lua-check, python venv support
 	@missing=""; \
@@ -25,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
-venv: sysdeps $(STAMP)
+venv: sysdeps $(STAMP)  ## create .venv with the pinned Python packages (again when pyproject.toml or constraints.txt change)
 
 run: venv  ## start master + replica, the service and the simulated backend; Ctrl-C stops all
 	$(PY) -m service.devstack
@@ -34,25 +38,28 @@ test: venv  ## the whole test suite: Lua tap tests, then pytest
 	$(MAKE) lua-test
 	$(PY) -m pytest
 
-lua-test: sysdeps
+lua-test: sysdeps  ## Lua tap tests only (lua/tests/*_test.lua)
 	@for t in lua/tests/*_test.lua; do \
 		[ -e "$$t" ] || continue; \
 		echo "== $$t"; (cd lua && tarantool "tests/$$(basename $$t)") || exit 1; \
 	done
 
-lint: venv
+lint: venv  ## ruff (check + format), mypy strict on service/, luacheck on lua/
 	$(VENV)/bin/ruff check service tests loadtest
 	$(VENV)/bin/ruff format --check service tests loadtest
 	$(VENV)/bin/mypy service
 	luacheck lua
 
-fmt: venv
+fmt: venv  ## ruff format and autofix
 	$(VENV)/bin/ruff format service tests loadtest
 	$(VENV)/bin/ruff check --fix service tests loadtest
 
-bench: venv
+bench: venv  ## session scenario through the service at W=1/16/128 vs direct (about 45 s; var/bench.json)
 	$(PY) -m loadtest bench
 
-clean:
+reset-data:  ## wipe var/ (Tarantool data, logs, bench results), keep .venv; stop make run first
+	rm -rf var
+
+clean:  ## remove .venv, caches and var/
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis var
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
