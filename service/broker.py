@@ -8,8 +8,14 @@ back through it to the client address saved in the message's holder.
 
 Shutdown (``stop``): new messages are answered SHUTTING_DOWN; queued and
 running ones get up to ``drain_timeout_s`` to finish; whatever is left is
-answered SHUTTING_DOWN; then the sockets close, flushing replies. Every
-accepted message gets exactly one answer (none for NO_REPLY ones).
+answered (queued: SHUTTING_DOWN, never executed; running: OUTCOME_UNKNOWN);
+then the sockets close, flushing replies.
+
+Every message gets exactly one answer (none when PROTOCOL.md's NO_REPLY rule
+says so: ``protocol.frame_no_reply``). The workers guarantee an answer for
+every message they take; a watchdog checks: a slot held past its message's
+deadline + ``WATCHDOG_GRACE_S`` is answered OUTCOME_UNKNOWN and taken back,
+and counted in ``smartcache_watchdog_reclaimed_total`` (which should stay 0).
 """
 
 from __future__ import annotations
@@ -17,36 +23,39 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
-import struct
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import zmq
 
-from service import eventloop
+from service import eventloop, inproc
 from service.config import Settings
 from service.errors import ProtocolError
 from service.metrics import REJECTION_REASONS, Metrics
 from service.protocol import (
     FLAG_DATA_ERROR,
-    FLAG_NO_REPLY,
     REGISTRY,
     STATUS,
     TRANSPORT_ERROR,
     Header,
+    decode_body,
     decode_header,
     encode_body,
     encode_header,
     error_body,
+    frame_no_reply,
     loose_header,
+    with_transport_error,
 )
 from service.queue import Holder, PriorityQueue, QueueFull
-from service.workers import CREDIT, DONE, ENQUEUE, READY, REPLY, TICKET, WORKERS_ENDPOINT, Worker
-from service.zmqio import NOBLOCK, pack_batch, readable, recv_frames, send_frames, unpack_batch
+from service.zmqio import NOBLOCK, readable, recv_frames, send_frames
+
+if TYPE_CHECKING:
+    from service.workers import Worker
 
 log = structlog.get_logger("broker")
 
@@ -60,11 +69,13 @@ FRONTEND_RCVHWM = 1000
 FRONTEND_SNDHWM = 10_000
 #: a body up to this much over the limit is answered BODY_TOO_LARGE; a bigger one disconnects its sender
 OVERSIZE_MARGIN_BYTES = 64 * 1024
-#: transport_error (u16) and flags (u8) at offset 4 of the header
-_ERROR_FIELDS = struct.Struct("!HB")
 FLUSH_LINGER_MS = 2000
+#: a worker answers at its message's deadline; past deadline + this, the watchdog answers and takes the slot back
+WATCHDOG_GRACE_S = 1.0
+WATCHDOG_PERIOD_S = 0.25
+#: tickets reclaimed by the watchdog whose late answers are still expected (bounded)
+RECLAIMED_KEPT = 10_000
 _PING = REGISTRY.types["PING"].id
-_APP_START = REGISTRY.types["APP_START"].id
 _INTERNAL = frozenset(t.id for t in REGISTRY.types.values() if t.internal)
 _MAX_LIFETIME_S = REGISTRY.max_lifetime_ms / 1000
 
@@ -101,6 +112,8 @@ class Broker:
         )
         self._free: deque[bytes] = deque()  # one worker identity per free slot
         self._inflight: dict[bytes, Holder] = {}  # ticket -> holder
+        #: tickets the watchdog answered and took back: a late answer must not free the slot twice
+        self._reclaimed: OrderedDict[bytes, None] = OrderedDict()
         self._seq = itertools.count(1)
         self._stopping = False
         self._drain_deadline = 0.0
@@ -171,7 +184,7 @@ class Broker:
             backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
             backend.setsockopt(zmq.SNDHWM, 0)
             backend.setsockopt(zmq.RCVHWM, 0)
-            backend.bind(WORKERS_ENDPOINT)
+            backend.bind(inproc.ENDPOINT)
             control.bind(self._control_endpoint)
         except zmq.ZMQError as e:
             self.error = e
@@ -189,6 +202,7 @@ class Broker:
         for sock in (frontend, backend, control):
             loop.add_reader(sock.getsockopt(zmq.FD), self._on_event)
         self._on_event()
+        loop.call_later(WATCHDOG_PERIOD_S, self._watchdog)
         try:
             await self._finished
         except Exception:
@@ -290,12 +304,8 @@ class Broker:
         split = 2 if len(frames) > 2 and frames[1] == b"" else 1
         envelope, payload = frames[:split], frames[split:]
         if len(payload) != 2:
-            self._bad_input(
-                envelope,
-                payload[0] if payload else b"",
-                "BAD_FRAMES",
-                f"expected 2 frames (header, body), got {len(payload)}",
-            )
+            first = payload[0] if payload else b""
+            self._bad_input(envelope, first, "BAD_FRAMES", f"expected 2 frames (header, body), got {len(payload)}")
             return
         header_frame, body = payload
         try:
@@ -309,14 +319,13 @@ class Broker:
         if header.type in _INTERNAL:
             self._bad_input(envelope, header_frame, "UNKNOWN_TYPE", f"type {header.type} is internal")
             return
-        no_reply = bool(header.flags & FLAG_NO_REPLY) or header.type == _APP_START
+        no_reply = frame_no_reply(header_frame)
         if len(body) > self._settings.max_body_bytes:
             self._bad_input(
                 envelope,
                 header_frame,
                 "BODY_TOO_LARGE",
                 f"body is {len(body)} bytes, limit {self._settings.max_body_bytes}",
-                no_reply,
             )
             return
         if self._stopping:
@@ -324,6 +333,11 @@ class Broker:
             self._rejections["shutting_down"].inc()
             return
         if header.type == _PING:
+            try:  # its body is checked like any other (unknown fields are ignored)
+                decode_body(body, max_bytes=self._settings.max_body_bytes)
+            except ProtocolError as e:
+                self._bad_input(envelope, header_frame, e.transport_error, str(e))
+                return
             if not no_reply:
                 self._send(
                     envelope,
@@ -360,25 +374,27 @@ class Broker:
         if victim is not None:
             self._refuse(victim, "QUEUE_FULL", "evicted by a more urgent message", "evicted")
 
-    def _bad_input(
-        self, envelope: list[bytes], header_frame: bytes, error: str, message: str, no_reply: bool = False
-    ) -> None:
+    def _bad_input(self, envelope: list[bytes], header_frame: bytes, error: str, message: str) -> None:
         self._metrics.bad_input.labels(error).inc()
         header = loose_header(header_frame)
-        self._answer_error(envelope, header, error, message, no_reply)
+        self._answer_error(envelope, header, error, message, frame_no_reply(header_frame))
 
-    def _refuse(self, h: Holder, error: str, message: str, reason: str) -> None:
-        """Answer a holder that will not be executed: the cheap path, it runs at overload rates."""
-        self._rejections[reason].inc()
+    def _refuse(self, h: Holder, error: str, message: str, reason: str | None, *, cache: bool = True) -> None:
+        """Answer a holder with a transport error: the cheap path, it runs at overload rates.
+
+        ``reason`` counts a queue rejection; ``cache`` keeps the encoded body
+        for the next refusal with the same message (only fixed messages).
+        """
+        if reason is not None:
+            self._rejections[reason].inc()
         self._count(h.type_id, error)
         if not h.no_reply:
-            # The holder's header was validated: patch transport_error and flags in place.
-            frame = h.header
-            header = frame[:4] + _ERROR_FIELDS.pack(TRANSPORT_ERROR[error], FLAG_DATA_ERROR) + frame[7:]
-            body = self._error_bodies.get((error, message))
+            body = self._error_bodies.get((error, message)) if cache else None
             if body is None:
-                body = self._error_bodies[(error, message)] = encode_body(error_body("ERROR", error, message))
-            self._send(h.envelope, header, body)
+                body = encode_body(error_body("ERROR", error, message))
+                if cache:
+                    self._error_bodies[(error, message)] = body
+            self._send(h.envelope, with_transport_error(h.header, TRANSPORT_ERROR[error]), body)
         self._durations[h.type_id].observe(time.monotonic() - h.arrived)
 
     def _answer_error(self, envelope: list[bytes], header: Header, error: str, message: str, no_reply: bool) -> None:
@@ -386,7 +402,10 @@ class Broker:
         if no_reply:
             return
         h = header.reply(transport_error=TRANSPORT_ERROR[error], flags=FLAG_DATA_ERROR)
-        self._send(envelope, encode_header(h), encode_body(error_body("ERROR", error, message)))
+        frame = encode_header(h)
+        if header.type in REGISTRY.types_by_id:  # a SESSION_CREATE refusal carries no session id
+            frame = with_transport_error(frame, h.transport_error)
+        self._send(envelope, frame, encode_body(error_body("ERROR", error, message)))
 
     def _send(self, envelope: list[bytes], header: bytes, body: bytes) -> None:
         assert self._frontend is not None
@@ -413,27 +432,38 @@ class Broker:
         free, inflight, queue, now = self._free, self._inflight, self.queue, time.monotonic()
         while readable(backend):
             wid = backend.recv(NOBLOCK)  # workers send exactly [identity, batch]
-            frames = unpack_batch(backend.recv(0))
-            for i in range(0, len(frames) - 3, 4):
-                kind = frames[i]
-                if kind == READY:
-                    slots = CREDIT.unpack(frames[i + 1])[0]
+            items = inproc.unpack(backend.recv(0))
+            for i in range(0, len(items) - 3, inproc.TO_BROKER):
+                kind = items[i]
+                if kind == inproc.READY:
+                    slots = inproc.CREDIT.unpack(items[i + 1])[0]
                     free.extend([wid] * slots)
                     log.info("worker_ready", worker=wid.decode(), slots=slots)
                     continue
-                if kind == ENQUEUE:
-                    self._from_worker_enqueue(frames[i + 1], frames[i + 2], now)
+                if kind == inproc.ENQUEUE:
+                    self._from_worker_enqueue(items[i + 1], items[i + 2], now)
+                    continue
+                ticket = items[i + 1]
+                h = inflight.pop(ticket, None)
+                if h is None:  # the watchdog answered it and took the slot back already
+                    if ticket in self._reclaimed:
+                        del self._reclaimed[ticket]
+                    else:
+                        free.append(wid)
                     continue
                 free.append(wid)
-                h = inflight.pop(frames[i + 1], None)
-                if h is None:  # already answered SHUTTING_DOWN at the drain deadline
-                    continue
                 queue.done(h)
-                if kind == REPLY and not h.no_reply:
-                    self._send(h.envelope, frames[i + 2], frames[i + 3])
-                elif kind not in (DONE, REPLY):
+                if kind == inproc.REPLY:
+                    if not h.no_reply:
+                        self._send(h.envelope, items[i + 2], items[i + 3])
+                    self._durations[h.type_id].observe(now - h.arrived)
+                elif kind == inproc.FAIL:
+                    self._refuse(h, items[i + 2].decode(), items[i + 3].decode(), None, cache=False)
+                elif kind == inproc.DONE:
+                    self._durations[h.type_id].observe(now - h.arrived)
+                else:
                     log.error("worker_protocol_error", kind=kind)
-                self._durations[h.type_id].observe(now - h.arrived)
+                    self._refuse(h, "INTERNAL", "internal error: unknown worker answer", None)
 
     def _from_worker_enqueue(self, header_frame: bytes, body: bytes, now: float) -> None:
         if self._stopping:
@@ -453,16 +483,36 @@ class Broker:
                 queue.done(h)
                 self._refuse(h, "EXPIRED", "lifetime ended before a worker was free", "expired")
                 continue
-            ticket = TICKET.pack(h.seq, left_ms)
+            ticket = inproc.TICKET.pack(h.seq, left_ms)
             inflight[ticket] = h
-            wid = free.popleft()
+            wid = h.worker = free.popleft()
             batch = batches.get(wid)
             if batch is None:
                 batches[wid] = [ticket, h.header, h.body]
             else:
                 batch += (ticket, h.header, h.body)
         for wid, items in batches.items():
-            send_frames(backend, [wid, pack_batch(items)])
+            send_frames(backend, [wid, inproc.pack(items)])
+
+    def _watchdog(self) -> None:
+        """Answer and take back every slot held past its message's deadline + grace (should be none)."""
+        if self._finished.done():
+            return
+        now = time.monotonic()
+        overdue = [t for t, h in self._inflight.items() if h.deadline + WATCHDOG_GRACE_S < now]
+        for ticket in overdue:
+            h = self._inflight.pop(ticket)
+            self.queue.done(h)
+            self._free.append(h.worker)
+            self._reclaimed[ticket] = None
+            if len(self._reclaimed) > RECLAIMED_KEPT:
+                self._reclaimed.popitem(last=False)
+            self._metrics.watchdog_reclaimed.inc()
+            log.error("watchdog_reclaimed", type=self._type_names[h.type_id], late_s=round(now - h.deadline, 3))
+            self._refuse(h, "OUTCOME_UNKNOWN", "the worker did not answer within the lifetime", None)
+        if overdue:
+            self._on_event()  # the freed slots may take queued messages now
+        self._loop.call_later(WATCHDOG_PERIOD_S, self._watchdog)
 
     # -- shutdown --------------------------------------------------------------
 
@@ -483,7 +533,7 @@ class Broker:
             self._refuse(h, "SHUTTING_DOWN", "service stopped before this message ran", "shutting_down")
         for h in self._inflight.values():
             self.queue.done(h)
-            self._refuse(h, "SHUTTING_DOWN", "service stopped before this message finished", "shutting_down")
+            self._refuse(h, "OUTCOME_UNKNOWN", "service stopped while this message was executing", "shutting_down")
         if left or self._inflight:
             log.warning("broker_drain_incomplete", queued=len(left), running=len(self._inflight))
         self._inflight.clear()

@@ -14,7 +14,10 @@
     ├── RequestError             the service answered with a transport error (client side)
     │   └── RequestTimeout       no reply within the client's timeout
     ├── StorageError             Tarantool failed
-    │   ├── StorageUnavailable   no connection, or the call did not finish in time
+    │   ├── StorageUnavailable   not executed: no connection, stalled, cannot write
+    │   │   └── NotLeader        not executed: the instance may not write now
+    │   ├── DeadlineExceeded     not executed: storage got the call after its deadline
+    │   ├── OutcomeUnknown       sent, but no answer came back: maybe executed
     │   └── ProcedureError       a stored procedure raised (a bug or misuse)
     └── BackendError             the core backend failed
         └── BackendBadReply      it answered something unparsable
@@ -119,9 +122,28 @@ class StorageError(SmartcacheError):
 
 
 class StorageUnavailable(StorageError):
-    """No connection to Tarantool, or the call did not finish in time.
+    """The call was not executed: no connection, a stalled instance, or one that cannot write
+    (read-only, disk or memory full; the procedure's transaction rolled back).
 
-    Answer STORAGE_UNAVAILABLE; the connection recovers by itself.
+    Answer STORAGE_UNAVAILABLE (safe to retry); the connection recovers by itself.
+    """
+
+
+class NotLeader(StorageUnavailable):
+    """The instance answered NOT_LEADER: it may not write now, and did nothing.
+
+    The service looks for the leader again; the client gets STORAGE_UNAVAILABLE if none is found in time.
+    """
+
+
+class DeadlineExceeded(StorageError):
+    """Storage received the call after the message's deadline and did nothing: answer EXPIRED."""
+
+
+class OutcomeUnknown(StorageError):
+    """The call was sent but its answer never came (connection lost): it may have been applied.
+
+    Answer OUTCOME_UNKNOWN; only idempotent messages, or writes with an idempotency key, are safe to retry.
     """
 
 

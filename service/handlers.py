@@ -8,7 +8,6 @@ the reply. Prewarm types live in service/prewarm.py.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,25 +28,23 @@ def session_text(sid: bytes) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def new_session_id() -> bytes:
-    """A random (version 4) UUID as 16 bytes; cheaper than uuid.uuid4().bytes."""
-    b = bytearray(os.urandom(16))
-    b[6] = (b[6] & 0x0F) | 0x40
-    b[8] = (b[8] & 0x3F) | 0x80
-    return bytes(b)
-
-
 @dataclass(slots=True)
 class Request:
     header: Header
     body: dict[str, Any]
-    timeout_s: float
+    #: loop time (monotonic seconds) at which the message's lifetime ends
+    deadline: float
     #: set by a handler to answer with another session id (SESSION_CREATE)
     reply_session: bytes | None = field(default=None)
 
     @property
     def session(self) -> str:
         return session_text(self.header.session_id)
+
+    @property
+    def idempotency_key(self) -> str | None:
+        key: str | None = self.body.get("idempotency_key")
+        return key
 
 
 @dataclass(slots=True)
@@ -68,12 +65,19 @@ Handler = Callable[[Request, Context], Awaitable[dict[str, Any]]]
 
 
 async def session_create(req: Request, ctx: Context) -> dict[str, Any]:
-    sid = req.header.session_id if req.header.session_id != NO_SESSION else new_session_id()
-    req.reply_session = sid
+    """A zero header session id lets storage choose the UUID (so a repeat under an idempotency key
+    has the same arguments and gets the same session)."""
+    sid = req.session or None
     b = req.body
-    return await ctx.storage.call(
-        "session_create", [session_text(sid), b["client_id"], b.get("version"), b.get("ttl_s"), b.get("data")]
+    result = await ctx.storage.call(
+        "session_create",
+        [sid, b["client_id"], b.get("version"), b.get("ttl_s"), b.get("data")],
+        idempotency_key=req.idempotency_key,
     )
+    created = result.pop("session_id", None)
+    if created is not None:
+        req.reply_session = uuid.UUID(created).bytes
+    return result
 
 
 async def session_get(req: Request, ctx: Context) -> dict[str, Any]:
@@ -81,16 +85,20 @@ async def session_get(req: Request, ctx: Context) -> dict[str, Any]:
 
 
 async def session_touch(req: Request, ctx: Context) -> dict[str, Any]:
-    return await ctx.storage.call("session_touch", [req.session])
+    return await ctx.storage.call("session_touch", [req.session], idempotency_key=req.idempotency_key)
 
 
 async def session_update(req: Request, ctx: Context) -> dict[str, Any]:
     b = req.body
-    return await ctx.storage.call("session_update", [req.session, b["data"], b.get("expected_rev"), b.get("version")])
+    return await ctx.storage.call(
+        "session_update",
+        [req.session, b["data"], b.get("expected_rev"), b.get("version")],
+        idempotency_key=req.idempotency_key,
+    )
 
 
 async def session_delete(req: Request, ctx: Context) -> dict[str, Any]:
-    return await ctx.storage.call("session_delete", [req.session])
+    return await ctx.storage.call("session_delete", [req.session], idempotency_key=req.idempotency_key)
 
 
 async def session_list(req: Request, ctx: Context) -> dict[str, Any]:
@@ -102,7 +110,11 @@ async def session_list(req: Request, ctx: Context) -> dict[str, Any]:
 
 async def cache_put(req: Request, ctx: Context) -> dict[str, Any]:
     b = req.body
-    return await ctx.storage.call("cache_put", [req.session, b["key"], b.get("data_type"), b.get("ttl_s"), b["data"]])
+    return await ctx.storage.call(
+        "cache_put",
+        [req.session, b["key"], b.get("data_type"), b.get("ttl_s"), b["data"]],
+        idempotency_key=req.idempotency_key,
+    )
 
 
 async def cache_get(req: Request, ctx: Context) -> dict[str, Any]:
@@ -110,11 +122,12 @@ async def cache_get(req: Request, ctx: Context) -> dict[str, Any]:
 
 
 async def cache_delete(req: Request, ctx: Context) -> dict[str, Any]:
-    return await ctx.storage.call("cache_delete", [req.session, req.body["key"]])
+    return await ctx.storage.call("cache_delete", [req.session, req.body["key"]], idempotency_key=req.idempotency_key)
 
 
 async def device_bind(req: Request, ctx: Context) -> dict[str, Any]:
-    return await ctx.storage.call("device_bind", [req.body["device_id"], req.body["client_id"]])
+    b = req.body
+    return await ctx.storage.call("device_bind", [b["device_id"], b["client_id"]], idempotency_key=req.idempotency_key)
 
 
 async def device_lookup(req: Request, ctx: Context) -> dict[str, Any]:

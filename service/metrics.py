@@ -115,6 +115,32 @@ class Metrics:
             ["address"],
             registry=r,
         )
+        self.storage_state_changes = Counter(
+            f"{p}_storage_state_changes_total",
+            "Storage instance state changes seen by a worker (up, stalled: pings unanswered, down).",
+            ["address", "state"],
+            registry=r,
+        )
+        self.storage_clock_offset = Gauge(
+            f"{p}_storage_clock_offset_seconds",
+            "The instance's wall clock minus the service's, measured by pings (deadlines are sent on its clock).",
+            ["address"],
+            registry=r,
+        )
+        self.storage_write_failures = Counter(
+            f"{p}_storage_write_failures_total",
+            "Writes storage refused without effect, by reason (not_leader, read_only, disk, out_of_memory).",
+            ["reason"],
+            registry=r,
+        )
+        self.watchdog_reclaimed = Counter(
+            f"{p}_watchdog_reclaimed_total",
+            "Worker slots the broker took back past their message's deadline + grace (a bug if not 0).",
+            registry=r,
+        )
+        self.internal_errors = Counter(
+            f"{p}_internal_errors_total", "Messages answered INTERNAL (each logged with its error id).", registry=r
+        )
         self.storage_active = Gauge(
             f"{p}_storage_active", "1 for the Tarantool instance the service writes to.", ["address"], registry=r
         )

@@ -26,13 +26,17 @@ from typing import Any
 
 import structlog
 
-from service.errors import BackendError
+from service.errors import BackendError, StorageError
 from service.handlers import HANDLERS, Context, Handler, Request
+from service.job import current_job
 
 log = structlog.get_logger("prewarm")
 
 _owner_ids = itertools.count(1)
 ATTEMPTS = 2  # acquire, and once more if the holder we waited on failed
+#: the handler gives up this long before the message's deadline, so it answers its own
+#: TIMEOUT or BACKEND_ERROR instead of being cancelled by the worker
+ANSWER_MARGIN_S = 0.01
 
 
 def _owner(ctx: Context) -> str:
@@ -56,18 +60,36 @@ async def _acquire(ctx: Context, client_id: str, data_type: int, owner: str) -> 
     )
 
 
+async def _settle(ctx: Context, procedure: str, args: list[Any]) -> dict[str, Any] | None:
+    """Complete or release a lease. Not bound to the message's deadline: fetched data is worth
+    storing, and a lease left behind would make the next asker wait for it to run out."""
+    token = current_job.set(None)
+    try:
+        return await ctx.storage.call(procedure, args)
+    except StorageError as e:
+        log.warning("prewarm_settle_failed", procedure=procedure, client_id=args[0], data_type=args[1], error=str(e))
+        return None
+    finally:
+        current_job.reset(token)
+
+
+_background: set[asyncio.Task[Any]] = set()
+
+
 async def _fetch_and_store(ctx: Context, client_id: str, data_type: int, owner: str, deadline: float) -> Any:
     """Call the backend as the lease owner; complete on success, fail (release) on any failure."""
     try:
         data = await ctx.backend.fetch(client_id, data_type, deadline)
     except BackendError:
-        await ctx.storage.call("prewarm_fail", [client_id, data_type, owner])
+        await _settle(ctx, "prewarm_fail", [client_id, data_type, owner])
         raise
     except asyncio.CancelledError:  # our message's lifetime ended: release in the background
-        asyncio.get_running_loop().create_task(ctx.storage.call("prewarm_fail", [client_id, data_type, owner]))
+        task = asyncio.get_running_loop().create_task(_settle(ctx, "prewarm_fail", [client_id, data_type, owner]))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
         raise
-    done = await ctx.storage.call("prewarm_complete", [client_id, data_type, owner, data])
-    if done["status"] != "OK":  # our lease ran out and was taken over; our data is still good to answer
+    done = await _settle(ctx, "prewarm_complete", [client_id, data_type, owner, data])
+    if done is not None and done["status"] != "OK":  # our lease ran out and was taken over; the data is good
         log.warning("prewarm_lease_lost", client_id=client_id, data_type=data_type, status=done["status"])
     return data
 
@@ -81,7 +103,7 @@ async def prewarm_fetch(req: Request, ctx: Context) -> dict[str, Any]:
     elif got["status"] == "BUSY":
         ctx.metrics.prewarm.labels("skipped_busy").inc()
     elif got["status"] == "ACQUIRED":
-        deadline = asyncio.get_running_loop().time() + req.timeout_s
+        deadline = req.deadline - ANSWER_MARGIN_S
         try:
             await _fetch_and_store(ctx, client_id, data_type, owner, deadline)
         except BackendError as e:
@@ -105,7 +127,7 @@ def _error(ctx: Context, status: str, message: str) -> dict[str, Any]:
 async def products_get(req: Request, ctx: Context) -> dict[str, Any]:
     client_id, data_type = req.body["client_id"], req.body["data_type"]
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + req.timeout_s
+    deadline = req.deadline - ANSWER_MARGIN_S
     max_age_ms = ctx.settings.max_age_ms(data_type)
     for _ in range(ATTEMPTS):
         owner = _owner(ctx)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import struct
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -33,8 +33,23 @@ REGISTRY_PATH = Path(
     os.environ.get("SMARTCACHE_PROTOCOL", Path(__file__).resolve().parent.parent / "proto" / "protocol.toml")
 )
 
-#: version, system, type, transport_error, flags, reserved, lifetime_ms, request_id, session_id
-HEADER_STRUCT = struct.Struct("!BBHHBBIQ16s")
+#: The header, field by field (PROTOCOL.md section 4): the one place its layout is written.
+HEADER_FIELDS = (
+    ("version", "B"),
+    ("system", "B"),
+    ("type", "H"),
+    ("transport_error", "H"),
+    ("flags", "B"),
+    ("reserved", "B"),
+    ("lifetime_ms", "I"),
+    ("request_id", "Q"),
+    ("session_id", "16s"),
+)
+HEADER_STRUCT = struct.Struct("!" + "".join(f for _, f in HEADER_FIELDS))
+#: byte offset of each header field, derived from HEADER_FIELDS
+OFFSET = {
+    name: struct.calcsize("!" + "".join(f for _, f in HEADER_FIELDS[:i])) for i, (name, _) in enumerate(HEADER_FIELDS)
+}
 NO_SESSION = bytes(16)
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -82,6 +97,12 @@ class MessageSpec:
     max_busy_percent: int
     #: internal types are made by the service itself; clients may not send them
     internal: bool = False
+    #: repeating it leaves the same state and answer (safe to retry after OUTCOME_UNKNOWN)
+    idempotent: bool = False
+    #: False: never answered, errors included (APP_START)
+    answered: bool = True
+    #: an OK reply carries the created session's id in the header; any other answer zero
+    creates_session: bool = False
 
     def check_request(self, body: Mapping[str, Any]) -> str | None:
         """Return why ``body`` is not a valid request of this type, or None."""
@@ -111,6 +132,12 @@ class Registry:
     types_by_id: Mapping[int, MessageSpec] = field(default_factory=dict)
     status_names: Mapping[int, str] = field(default_factory=dict)
     transport_error_names: Mapping[int, str] = field(default_factory=dict)
+    #: statuses whose reply has DATA_ERROR set and an error object body
+    data_error_statuses: frozenset[str] = frozenset()
+    #: statuses only stored procedures return; never sent to clients
+    storage_only_statuses: frozenset[str] = frozenset()
+    #: transport error -> whether the message may have been executed: "yes", "no" or "unknown"
+    executed: Mapping[str, str] = field(default_factory=dict)
 
 
 def _fields(table: Mapping[str, str]) -> tuple[FieldSpec, ...]:
@@ -152,6 +179,9 @@ def load_registry(path: Path = REGISTRY_PATH) -> Registry:
             doc=t["doc"],
             max_busy_percent=int(t["max_busy_percent"]),
             internal=bool(t.get("internal", False)),
+            idempotent=bool(t["idempotent"]),
+            answered=bool(t.get("answered", True)),
+            creates_session=bool(t.get("creates_session", False)),
         )
     transport_errors = _codes(raw["transport_errors"])
     for what, table in (
@@ -178,6 +208,9 @@ def load_registry(path: Path = REGISTRY_PATH) -> Registry:
         types_by_id={t.id: t for t in types.values()},
         status_names={v: k for k, v in statuses.items()},
         transport_error_names={v: k for k, v in transport_errors.items()},
+        data_error_statuses=frozenset(k for k, v in raw["statuses"].items() if v.get("data_error")),
+        storage_only_statuses=frozenset(k for k, v in raw["statuses"].items() if v.get("storage_only")),
+        executed={k: str(v["executed"]) for k, v in raw["transport_errors"].items()},
     )
 
 
@@ -188,6 +221,8 @@ FLAG_DATA_ERROR = REGISTRY.flags["DATA_ERROR"]
 FLAG_NO_REPLY = REGISTRY.flags["NO_REPLY"]
 _KNOWN_FLAGS = FLAG_DATA_ERROR | FLAG_NO_REPLY
 SYSTEM_SMARTCACHE = REGISTRY.systems["SMARTCACHE"]
+_NEVER_ANSWERED = frozenset(t.id for t in REGISTRY.types.values() if not t.answered)
+_CREATES_SESSION = frozenset(t.id for t in REGISTRY.types.values() if t.creates_session)
 
 
 class Header(NamedTuple):
@@ -236,6 +271,70 @@ def loose_header(frame: bytes) -> Header:
     return Header(REGISTRY.version, SYSTEM_SMARTCACHE, type_id, 0, 0, lifetime_ms, request_id, session_id)
 
 
+# -- fast paths on header frames ------------------------------------------------
+#
+# The broker and the workers answer by patching the request's header frame in
+# place of decoding and re-encoding it; these functions are the only code that
+# knows where a field lies (OFFSET, from HEADER_FIELDS).
+
+_TYPE = struct.Struct("!H")
+_REQUEST_ID = struct.Struct("!Q")
+_ERROR_AND_FLAGS = struct.Struct("!HB")
+_O_TYPE = OFFSET["type"]
+_O_TERR = OFFSET["transport_error"]
+_O_FLAGS = OFFSET["flags"]
+_O_RESERVED = OFFSET["reserved"]
+_O_REQUEST_ID = OFFSET["request_id"]
+_O_SESSION = OFFSET["session_id"]
+
+
+def frame_type(frame: bytes) -> int:
+    """The type id of a 36-byte header frame."""
+    return int(_TYPE.unpack_from(frame, _O_TYPE)[0])
+
+
+def frame_request_id(frame: bytes) -> int:
+    """The request id of a 36-byte header frame."""
+    return int(_REQUEST_ID.unpack_from(frame, _O_REQUEST_ID)[0])
+
+
+def frame_flags(frame: bytes) -> int:
+    """The flags byte of a 36-byte header frame."""
+    return frame[_O_FLAGS]
+
+
+def frame_no_reply(frame: bytes) -> bool:
+    """Whether a message with this header gets no answer at all, errors included (PROTOCOL.md 4).
+
+    The rule: the frame is header-sized and either its NO_REPLY flag is set or
+    it addresses a never-answered type (APP_START) of this version and system.
+    """
+    if len(frame) != HEADER_STRUCT.size:
+        return False
+    if frame[_O_FLAGS] & FLAG_NO_REPLY:
+        return True
+    return frame[0] == REGISTRY.version and frame[1] == SYSTEM_SMARTCACHE and frame_type(frame) in _NEVER_ANSWERED
+
+
+def with_flags(frame: bytes, flags: int) -> bytes:
+    """A header frame with its flags replaced."""
+    return frame[:_O_FLAGS] + bytes((flags,)) + frame[_O_FLAGS + 1 :]
+
+
+def with_session(frame: bytes, session_id: bytes) -> bytes:
+    """A header frame with its session id replaced (16 raw bytes)."""
+    return frame[:_O_SESSION] + session_id
+
+
+def with_transport_error(frame: bytes, transport_error: int) -> bytes:
+    """The error reply header for a validated request header: transport_error set, DATA_ERROR
+    the only flag, and a zero session id for a type that creates sessions (a refusal created none)."""
+    out = frame[:_O_TERR] + _ERROR_AND_FLAGS.pack(transport_error, FLAG_DATA_ERROR) + frame[_O_RESERVED:]
+    if frame_type(frame) in _CREATES_SESSION:
+        out = with_session(out, NO_SESSION)
+    return out
+
+
 def encode_header(h: Header) -> bytes:
     """Pack a header; raises BadHeader for out-of-range fields."""
     try:
@@ -275,8 +374,14 @@ def _no_ext(code: int, data: bytes) -> object:
     raise BadBody(f"msgpack extension type {code} is not allowed")
 
 
-def _check_shape(obj: object, max_depth: int) -> None:
-    """Reject bodies that are not a map, nest deeper than max_depth, or have non-str keys."""
+#: msgpack's timestamp extension (type -1) as fixext 4, fixext 8 and ext 8 (12 bytes). msgpack
+#: decodes it itself, without ext_hook; a body holding none of these byte pairs cannot contain one.
+_TIMESTAMP_MARKS = (b"\xd6\xff", b"\xd7\xff", b"\xc7\x0c\xff")
+
+
+def _check_shape(obj: object, max_depth: int, *, timestamps: bool) -> None:
+    """Reject bodies that are not a map, nest deeper than max_depth (maps and arrays both count),
+    or have non-str keys; with ``timestamps``, also any msgpack Timestamp value."""
     if not isinstance(obj, dict):
         raise BadBody(f"body must be a msgpack map, not {type(obj).__name__}")
     stack: list[tuple[object, int]] = [(obj, 1)]
@@ -284,14 +389,21 @@ def _check_shape(obj: object, max_depth: int) -> None:
         node, depth = stack.pop()
         if depth > max_depth:
             raise BadBody(f"body nests deeper than {max_depth} levels")
+        values: Iterable[object]
         if isinstance(node, dict):
-            for k, v in node.items():
+            for k in node:
                 if not isinstance(k, str):
                     raise BadBody(f"map keys must be strings, not {type(k).__name__}")
-                if isinstance(v, dict | list):
-                    stack.append((v, depth + 1))
+            values = node.values()
         elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+            values = node
+        else:
+            continue
+        for v in values:
+            if isinstance(v, dict | list):
+                stack.append((v, depth + 1))
+            elif timestamps and isinstance(v, msgpack.Timestamp):
+                raise BadBody("msgpack extension type -1 (timestamp) is not allowed")
 
 
 def decode_body(
@@ -311,7 +423,7 @@ def decode_body(
         raise
     except (ValueError, msgpack.UnpackException) as e:  # ExtraData, FormatError, StackError...
         raise BadBody(f"invalid msgpack: {e}") from e
-    _check_shape(obj, max_depth)
+    _check_shape(obj, max_depth, timestamps=any(mark in frame for mark in _TIMESTAMP_MARKS))
     return obj  # type: ignore[no-any-return]  # checked to be a dict above
 
 

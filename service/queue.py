@@ -40,6 +40,8 @@ class Holder:
     body: bytes
     no_reply: bool
     state: int = field(default=QUEUED)
+    #: identity of the worker running it (set at dispatch)
+    worker: bytes = b""
 
 
 class QueueFull(Exception):

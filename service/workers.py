@@ -1,33 +1,33 @@
 """The worker pool: worker slots served by event loops over pipelined Tarantool connections.
 
 A worker slot is one message in progress. Each :class:`Worker` owns a DEALER
-socket to the broker's ``inproc://workers`` ROUTER and one pipelined
-Tarantool connection, announces its slots with READY (credit), and handles
-every message it is given as a task on its loop. The broker never gives a
-worker more messages than it has free slots, so the pool's size is fixed.
-By default the one worker runs on the broker's own loop
+socket to the broker's ``inproc://workers`` ROUTER (protocol: service/inproc.py)
+and a :class:`Storage` connection, announces its slots with READY (credit) at
+once, whatever storage does, and runs every message it is given as an asyncio
+task (:func:`service.execute.execute`). The broker never gives a worker more
+messages than it has free slots, so the pool's size is fixed.
+
+By default the one worker runs on the broker's own event loop
 (``SMARTCACHE_WORKER_THREADS=0``); with N > 0 each of N workers has a
-:class:`WorkerThread` (measured slower here: a GIL hand-off per message).
+:class:`WorkerThread` with a loop of its own (measured slower here: a GIL
+hand-off per message).
 
-Both directions batch: one ZeroMQ frame (a msgpack array of byte strings,
-see ``zmqio.pack_batch``) carries every item ready at that moment, which
-saves several socket calls per message (the inproc hop cost more than the
-work).
-
-Broker to worker: ``[identity, batch]``, the batch in groups of 3, ``ticket, header, body``.
-Worker to broker: one batch frame, in groups of 4::
-
-    [READY, slots:u32, "", ""]          credit: this many slots are free
-    [R, ticket, header, body]           reply to send to the client; frees a slot
-    [D, ticket, "", ""]                 done, nothing to send (NO_REPLY); frees a slot
-    [Q, header, body, ""]               queue a new internal message (prewarm fetches)
+Exactly one answer per message, by construction: the answer is sent by the
+task's done callback, which asyncio runs exactly once per task whatever
+happened to it -- finished, raised, cancelled at its deadline, even
+cancelled before it started (then its coroutine never ran, and no
+``try``/``finally`` inside it would have). The callback sends REPLY, DONE or
+FAIL for the message's ticket, and falls back to a prebuilt FAIL if building
+the answer itself fails. A task whose message outlives its lifetime is
+cancelled by one sweep per loop: it is answered ``EXPIRED`` if it never
+reached storage, ``OUTCOME_UNKNOWN`` if it did.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import struct
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -37,46 +37,33 @@ import structlog
 import zmq
 from structlog.contextvars import bind_contextvars
 
-from service import eventloop
+from service import eventloop, inproc
 from service.backend import Backend
 from service.config import Settings
-from service.errors import ProtocolError, StorageUnavailable
-from service.handlers import Context, Handler, Request
+from service.execute import Answer, execute, failure
+from service.handlers import Context, Handler
+from service.job import Job, current_job
 from service.metrics import Metrics
 from service.prewarm import ALL_HANDLERS
 from service.protocol import (
-    FLAG_DATA_ERROR,
     FLAG_NO_REPLY,
-    NO_SESSION,
     REGISTRY,
-    STATUS,
-    TRANSPORT_ERROR,
     Header,
-    MessageSpec,
-    decode_body,
     encode_body,
     encode_header,
-    error_body,
-    trusted_header,
+    frame_flags,
+    frame_request_id,
+    frame_type,
 )
 from service.storage import Storage
-from service.zmqio import NOBLOCK, pack_batch, readable, unpack_batch
+from service.zmqio import NOBLOCK, readable
 
 log = structlog.get_logger("workers")
 
-WORKERS_ENDPOINT = "inproc://workers"
-READY, REPLY, DONE, ENQUEUE = b"READY", b"R", b"D", b"Q"
-#: broker -> worker ticket frame: holder sequence number, milliseconds of lifetime left
-TICKET = struct.Struct("!QI")
-CREDIT = struct.Struct("!I")
 STOP_GRACE_S = 5.0
 DEADLINE_SWEEP_S = 0.02
-
-
-def error_reply(header: Header, transport_error: str, message: str) -> tuple[bytes, bytes]:
-    """Header and body frames of a transport error answer to header."""
-    h = header.reply(transport_error=TRANSPORT_ERROR[transport_error], flags=FLAG_DATA_ERROR)
-    return encode_header(h), encode_body(error_body("ERROR", transport_error, message))
+#: the answer when building the answer failed: (error, message)
+_FALLBACK = (b"INTERNAL", b"internal error while answering; see the service log")
 
 
 class Worker:
@@ -106,11 +93,10 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._sock: zmq.Socket[Any] | None = None
-        self._outcomes: dict[tuple[str, str], Any] = {}
+        self._outcomes: dict[tuple[int, str], Any] = {}
         self._outbox: list[bytes] = []
-        #: running task -> loop time its message's lifetime ends; swept every DEADLINE_SWEEP_S
-        self._deadlines: dict[asyncio.Task[None], float] = {}
-        self._timed_out: set[asyncio.Task[None]] = set()
+        #: running task -> its job; swept every DEADLINE_SWEEP_S
+        self._jobs: dict[asyncio.Task[Answer], Job] = {}
         self.storage: Storage | None = None
         self._handler_context: Context | None = None
         self._ids = 0
@@ -139,11 +125,13 @@ class Worker:
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 1000)
-        sock.connect(WORKERS_ENDPOINT)
+        sock.connect(inproc.ENDPOINT)
         if on_connected is not None:
             on_connected()
+        # Slots are offered at once: with storage down, messages are answered
+        # STORAGE_UNAVAILABLE at once instead of waiting in the queue.
         await self.storage.start()
-        sock.send(pack_batch([READY, CREDIT.pack(self.slots), b"", b""]))
+        sock.send(inproc.pack([inproc.READY, inproc.CREDIT.pack(self.slots), b"", b""]))
         self._loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         self._pump()
         self._loop.call_later(DEADLINE_SWEEP_S, self._sweep)
@@ -151,8 +139,8 @@ class Worker:
             await self._stopping.wait()
         finally:
             self._loop.remove_reader(sock.getsockopt(zmq.FD))
-            if self._deadlines:
-                await asyncio.wait(list(self._deadlines), timeout=STOP_GRACE_S)
+            if self._jobs:
+                await asyncio.wait(list(self._jobs), timeout=STOP_GRACE_S)
             if self._outbox:
                 self._flush()
             await self.storage.close()
@@ -165,119 +153,97 @@ class Worker:
         assert sock is not None
         loop = asyncio.get_running_loop()
         now = loop.time()
-        deadlines = self._deadlines
         while readable(sock):
-            frames = unpack_batch(sock.recv(NOBLOCK))  # the broker sends one batch frame
-            for i in range(0, len(frames) - 2, 3):
-                ticket = frames[i]
-                lifetime_s = TICKET.unpack(ticket)[1] / 1000
-                task = loop.create_task(self._handle(ticket, frames[i + 1], frames[i + 2], lifetime_s))
-                deadlines[task] = now + lifetime_s
-                task.add_done_callback(self._forget)
+            items = inproc.unpack(sock.recv(NOBLOCK))  # the broker sends one batch frame
+            for i in range(0, len(items) - 2, inproc.TO_WORKER):
+                ticket = items[i]
+                job = Job(ticket, items[i + 1], items[i + 2], now + inproc.TICKET.unpack(ticket)[1] / 1000)
+                task = loop.create_task(self._run_job(job))
+                self._jobs[task] = job
+                task.add_done_callback(self._answer)
+
+    async def _run_job(self, job: Job) -> Answer:
+        current_job.set(job)
+        # Every log line of this request (this task's context) carries its id.
+        bind_contextvars(request_id=frame_request_id(job.header))
+        assert self._handler_context is not None
+        return await execute(job, self._handler_context, self._handlers, self._settings.max_body_bytes)
+
+    def _answer(self, task: asyncio.Task[Answer]) -> None:
+        """The task's done callback: exactly one REPLY, DONE or FAIL for its ticket."""
+        job = self._jobs.pop(task)
+        try:
+            if task.cancelled():
+                answer = self._unfinished(job)
+            elif (exc := task.exception()) is not None:
+                answer = self._internal(job, exc)
+            else:
+                answer = task.result()
+            self._count(job, answer.outcome)
+            if answer.error is not None:
+                item = [inproc.FAIL, job.ticket, answer.error.encode(), answer.message.encode()]
+            elif answer.frames is None or frame_flags(job.header) & FLAG_NO_REPLY:
+                item = [inproc.DONE, job.ticket, b"", b""]
+            else:
+                item = [inproc.REPLY, job.ticket, *answer.frames]
+        except Exception:  # building the answer failed: still answer, and say so in the log
+            log.exception("answer_failed")
+            item = [inproc.FAIL, job.ticket, *_FALLBACK]
+        self._send(item)
+
+    def _unfinished(self, job: Job) -> Answer:
+        """A task cancelled at its deadline (or at stop): say whether it may have run."""
+        if job.reached_storage:
+            return failure("OUTCOME_UNKNOWN", "lifetime ended while storage was executing it; it may have been applied")
+        return failure("EXPIRED", "lifetime ended before it was executed")
+
+    def _internal(self, job: Job, exc: BaseException) -> Answer:
+        """An unexpected failure: the client gets an error id, the log the traceback (no request data)."""
+        error_id = secrets.token_hex(6)
+        self._metrics.internal_errors.inc()
+        type_name = REGISTRY.types_by_id[frame_type(job.header)].name
+        # The done callback runs outside the task's context: bind the request id here.
+        log.error(
+            "handler_failed", error_id=error_id, request_id=frame_request_id(job.header), type=type_name, exc_info=exc
+        )
+        return failure("INTERNAL", f"internal error {error_id}")
 
     def enqueue(self, type_name: str, body: dict[str, Any]) -> None:
         """Put an internal message into the broker's queue (no client, no reply)."""
         self._ids += 1
         h = Header.request(REGISTRY.types[type_name].id, request_id=self._ids)
-        self._send([ENQUEUE, encode_header(h), encode_body(body), b""])
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        del self._deadlines[task]
-        self._timed_out.discard(task)
+        self._send([inproc.ENQUEUE, encode_header(h), encode_body(body), b""])
 
     def _sweep(self) -> None:
         """Cancel tasks whose message lifetime ended (one timer per loop, not one per call)."""
         assert self._loop is not None
         now = self._loop.time()
-        for task, deadline in self._deadlines.items():
-            if deadline <= now and task not in self._timed_out:
-                self._timed_out.add(task)
-                task.cancel()
+        for task, job in self._jobs.items():
+            if job.deadline <= now:
+                task.cancel()  # idempotent; the done callback answers
         if self._stopping is not None and not self._stopping.is_set():
             self._loop.call_later(DEADLINE_SWEEP_S, self._sweep)
 
-    def _send(self, frames: list[bytes]) -> None:
-        """Queue one 4-frame item for the broker; flushed once per loop turn."""
+    def _send(self, item: list[bytes]) -> None:
+        """Queue one 4-field item for the broker; flushed once per loop turn."""
         if not self._outbox:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.extend(frames)
+        self._outbox.extend(item)
 
     def _flush(self) -> None:
         assert self._sock is not None
         out, self._outbox = self._outbox, []
-        self._sock.send(pack_batch(out))
+        if out:
+            self._sock.send(inproc.pack(out))
         self._pump()
 
-    async def _handle(self, ticket: bytes, header_frame: bytes, body_frame: bytes, lifetime_s: float) -> None:
-        header = trusted_header(header_frame)  # the broker validated it
-        spec = REGISTRY.types_by_id[header.type]
-        # Every log line of this request (this task's context) carries its id.
-        bind_contextvars(request_id=header.request_id)
-        reply, outcome = await self._execute(header, header_frame, spec, body_frame, lifetime_s)
-        self._count(spec.name, outcome)
-        if reply is None or header.flags & FLAG_NO_REPLY:
-            self._send([DONE, ticket, b"", b""])
-        else:
-            self._send([REPLY, ticket, *reply])
-
-    async def _execute(
-        self, header: Header, header_frame: bytes, spec: MessageSpec, body_frame: bytes, timeout_s: float
-    ) -> tuple[tuple[bytes, bytes] | None, str]:
-        """Run one message; returns (reply frames or None, outcome name)."""
-        type_name = spec.name
-        try:
-            body = decode_body(body_frame, max_bytes=self._settings.max_body_bytes)
-        except ProtocolError as e:
-            self._metrics.bad_input.labels(e.transport_error).inc()
-            return error_reply(header, e.transport_error, str(e)), e.transport_error
-        problem = spec.check_request(body) or _session_problem(spec.session, header.session_id)
-        handler = self._handlers.get(type_name)
-        if problem is not None:
-            result: dict[str, Any] = {"status": "BAD_REQUEST", "message": problem}
-        elif handler is None:
-            return error_reply(header, "INTERNAL", f"{type_name} is not implemented"), "INTERNAL"
-        else:
-            req = Request(header=header, body=body, timeout_s=timeout_s)
-            assert self._handler_context is not None
-            try:
-                result = await handler(req, self._handler_context)
-            except asyncio.CancelledError:
-                if asyncio.current_task() not in self._timed_out:
-                    raise
-                message = f"no answer from storage within the message lifetime ({timeout_s * 1000:.0f} ms)"
-                return error_reply(header, "STORAGE_UNAVAILABLE", message), "STORAGE_UNAVAILABLE"
-            except StorageUnavailable as e:
-                return error_reply(header, "STORAGE_UNAVAILABLE", str(e)), "STORAGE_UNAVAILABLE"
-            except Exception as e:
-                log.exception("handler_failed", type=type_name)
-                return error_reply(header, "INTERNAL", f"{type(e).__name__}: {e}"), "INTERNAL"
-            if req.reply_session is not None:
-                header_frame = header_frame[:20] + req.reply_session  # session_id is the last 16 bytes
-        status = result["status"]
-        result["status"] = STATUS[status]
-        flags = FLAG_DATA_ERROR if "error" in result else 0
-        log.debug(  # a no-op below DEBUG (filtering logger)
-            "request_done", type=type_name, status=status
-        )
-        # The reply header is the request's (transport_error is 0 in both) with the reply's flags.
-        if flags != header.flags:
-            header_frame = header_frame[:6] + bytes((flags,)) + header_frame[7:]
-        return (header_frame, encode_body(result)), status
-
-    def _count(self, type_name: str, outcome: str) -> None:
-        key = (type_name, outcome)
+    def _count(self, job: Job, outcome: str) -> None:
+        """Messages the worker answered itself (FAIL ones are counted by the broker)."""
+        key = (frame_type(job.header), outcome)
         child = self._outcomes.get(key)
         if child is None:
-            child = self._outcomes[key] = self._metrics.messages.labels(type_name, outcome)
+            child = self._outcomes[key] = self._metrics.messages.labels(REGISTRY.types_by_id[key[0]].name, outcome)
         child.inc()
-
-
-def _session_problem(rule: str, session_id: bytes) -> str | None:
-    if rule == "required" and session_id == NO_SESSION:
-        return "header session_id is required for this type"
-    if rule == "none" and session_id != NO_SESSION:
-        return "header session_id must be zero for this type"
-    return None
 
 
 class WorkerThread:

@@ -2,15 +2,13 @@
 
 pyzmq's ``send_multipart``/``recv_multipart`` combine ``zmq.Flag`` enum members
 per frame, and every ``get`` builds a ``SocketOption`` enum: both cost more than
-the send itself on CPython 3.11. These do the same with plain ints, and the
-inproc hop packs a whole batch into one frame.
+the send itself on CPython 3.11. These do the same with plain ints.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import msgpack
 import zmq
 
 NOBLOCK = int(zmq.NOBLOCK)
@@ -43,12 +41,3 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
 def readable(sock: zmq.Socket[Any]) -> bool:
     """A message is waiting (the FD is edge-triggered: ask the socket, not the FD)."""
     return bool(int(sock.get(EVENTS)) & POLLIN)
-
-
-def pack_batch(items: list[bytes]) -> bytes:
-    """Many byte strings in one frame (a msgpack array): one socket call instead of one per frame."""
-    return msgpack.packb(items, use_bin_type=True)  # type: ignore[no-any-return]
-
-
-def unpack_batch(frame: bytes) -> list[bytes]:
-    return msgpack.unpackb(frame, raw=True, use_list=True)  # type: ignore[no-any-return]

@@ -286,18 +286,6 @@ def test_storage_down_gives_storage_unavailable_and_service_recovers(fresh_maste
                 time.sleep(0.2)
 
 
-def test_storage_hung_gives_storage_unavailable_within_the_lifetime(fresh_master: Tarantool) -> None:
-    with running_service(service_settings(fresh_master)) as r:
-        fresh_master.send_signal(signal.SIGSTOP)
-        try:
-            with pytest.raises(RequestError) as e:
-                r.client.call("DEVICE_LOOKUP", {"device_id": "hung"}, lifetime_ms=300, timeout_s=5)
-            assert e.value.transport_error == "STORAGE_UNAVAILABLE"
-        finally:
-            fresh_master.send_signal(signal.SIGCONT)
-        assert r.client.device_lookup("hung").status == "NOT_FOUND"
-
-
 # -- graceful stop ----------------------------------------------------------------
 
 

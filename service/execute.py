@@ -1,0 +1,108 @@
+"""One message, from its body to its answer: decode, validate, run the handler, build the reply.
+
+No sockets: the worker feeds it jobs and sends what it returns, and unit
+tests call :func:`execute` directly. It returns an :class:`Answer` or
+raises; the worker turns a raise (and a cancelled task) into a transport
+error, so every message gets exactly one answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from service.errors import DeadlineExceeded, OutcomeUnknown, ProtocolError, StorageUnavailable
+from service.handlers import Context, Handler, Request
+from service.job import Job
+from service.protocol import (
+    FLAG_DATA_ERROR,
+    NO_SESSION,
+    REGISTRY,
+    STATUS,
+    MessageSpec,
+    decode_body,
+    encode_body,
+    frame_flags,
+    trusted_header,
+    with_flags,
+    with_session,
+)
+
+log = structlog.get_logger("execute")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What to send for one message: reply frames, or a transport error the broker answers with."""
+
+    #: outcome name for the metrics: a status or a transport error
+    outcome: str
+    frames: tuple[bytes, bytes] | None = None
+    #: transport error name and message, when the message failed in delivery
+    error: str | None = None
+    message: str = ""
+
+
+def failure(error: str, message: str) -> Answer:
+    return Answer(outcome=error, error=error, message=message)
+
+
+async def execute(job: Job, context: Context, handlers: Mapping[str, Handler], max_body_bytes: int) -> Answer:
+    """Run one message; storage failures become the transport error that says what happened."""
+    header = trusted_header(job.header)  # the broker validated it
+    spec = REGISTRY.types_by_id[header.type]
+    try:
+        body = decode_body(job.body, max_bytes=max_body_bytes)
+    except ProtocolError as e:
+        context.metrics.bad_input.labels(e.transport_error).inc()
+        return failure(e.transport_error, str(e))
+    problem = spec.check_request(body) or _session_problem(spec.session, header.session_id)
+    if problem is not None:
+        return reply(job.header, spec, {"status": "BAD_REQUEST", "message": problem})
+    req = Request(header=header, body=body, deadline=job.deadline)
+    try:
+        result = await handlers[spec.name](req, context)
+    except StorageUnavailable as e:
+        return failure("STORAGE_UNAVAILABLE", str(e))
+    except DeadlineExceeded as e:
+        return failure("EXPIRED", f"lifetime ended before storage could execute it: {e}")
+    except OutcomeUnknown as e:
+        return failure("OUTCOME_UNKNOWN", str(e))
+    return reply(job.header, spec, result, req.reply_session)
+
+
+def reply(header_frame: bytes, spec: MessageSpec, result: dict[str, Any], session: bytes | None = None) -> Answer:
+    """The reply to a request from a handler's result map (``status`` a name; replaced by its code).
+
+    The reply header is the request's with the reply's flags: DATA_ERROR for
+    statuses that carry an error object. A type that creates sessions
+    answers with the created one on OK, and a zero session id otherwise.
+    """
+    status = result["status"]
+    if status in REGISTRY.storage_only_statuses:
+        raise ValueError(f"{spec.name}: storage status {status} must not reach a client")
+    result["status"] = STATUS[status]
+    if status in REGISTRY.data_error_statuses:
+        result.setdefault("error", status)
+        result.setdefault("message", status)
+        flags = FLAG_DATA_ERROR
+    else:
+        flags = 0
+    frame = header_frame
+    if spec.creates_session:
+        frame = with_session(frame, session if status == "OK" and session is not None else NO_SESSION)
+    if flags != frame_flags(frame):
+        frame = with_flags(frame, flags)
+    log.debug("request_done", type=spec.name, status=status)  # a no-op below DEBUG (filtering logger)
+    return Answer(outcome=status, frames=(frame, encode_body(result)))
+
+
+def _session_problem(rule: str, session_id: bytes) -> str | None:
+    if rule == "required" and session_id == NO_SESSION:
+        return "header session_id is required for this type"
+    if rule == "none" and session_id != NO_SESSION:
+        return "header session_id must be zero for this type"
+    return None
