@@ -9,7 +9,7 @@ Examples::
     SMARTCACHE_ENDPOINT=tcp://10.0.0.5:5555 smartcache-cli ping
 
 Endpoint: --endpoint, else the SMARTCACHE_ENDPOINT environment variable,
-else tcp://127.0.0.1:5555.
+else tcp://127.0.0.1:5555 (plus SMARTCACHE_PORT_OFFSET, as make run moves it).
 
 Output: one JSON object on stdout: "status" and the reply's fields. Session
 ids are UUID text everywhere (session-list included); other byte strings are
@@ -33,10 +33,11 @@ import zmq
 
 from service import __version__
 from service.client import DEFAULT_TIMEOUT_S, Client, Reply
+from service.config import PORT_OFFSET_VARIABLE
 from service.errors import RequestError, RequestTimeout
 from service.protocol import REGISTRY
 
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+DEFAULT_PORT = 5555
 ENDPOINT_VARIABLE = "SMARTCACHE_ENDPOINT"
 #: product data types the core backend serves (the service's SMARTCACHE_PREWARM_TYPES default)
 DATA_TYPES = "1 accounts, 2 cards, 3 deposits, 4 loans"
@@ -65,6 +66,13 @@ def _render(reply: Reply) -> dict[str, Any]:
     return out
 
 
+def default_endpoint() -> str:
+    """$SMARTCACHE_ENDPOINT, else make run's endpoint: port 5555 + $SMARTCACHE_PORT_OFFSET."""
+    offset = os.environ.get(PORT_OFFSET_VARIABLE, "").strip()
+    port = DEFAULT_PORT + (int(offset) if offset.isdigit() else 0)
+    return os.environ.get(ENDPOINT_VARIABLE) or f"tcp://127.0.0.1:{port}"
+
+
 def _session(text: str) -> uuid.UUID:
     try:
         return uuid.UUID(text)
@@ -84,9 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__} (protocol {REGISTRY.version})")
     p.add_argument(
         "--endpoint",
-        default=os.environ.get(ENDPOINT_VARIABLE) or DEFAULT_ENDPOINT,
-        help=f"the service's ZeroMQ endpoint, tcp://host:port or ipc://path"
-        f" (default: ${ENDPOINT_VARIABLE}, else {DEFAULT_ENDPOINT}; now %(default)s)",
+        default=default_endpoint(),
+        help=f"the service's ZeroMQ endpoint, tcp://host:port or ipc://path (default: ${ENDPOINT_VARIABLE},"
+        f" else tcp://127.0.0.1:{DEFAULT_PORT} + ${PORT_OFFSET_VARIABLE}; now %(default)s)",
     )
     p.add_argument(
         "--timeout",

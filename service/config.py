@@ -56,8 +56,10 @@ INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})")
 #: settings whose value is never logged
 SECRET = re.compile(r"password|token|secret|key", re.IGNORECASE)
+#: make run: added to every default port (and smartcache-cli's default endpoint), to move a whole stack at once
+PORT_OFFSET_VARIABLE = "SMARTCACHE_PORT_OFFSET"
 #: SMARTCACHE_* variables read by other programs (smartcache-cli, make run), not by the service
-OTHER_PROGRAMS_VARIABLES = frozenset({"SMARTCACHE_ENDPOINT", "SMARTCACHE_VAR"})
+OTHER_PROGRAMS_VARIABLES = frozenset({"SMARTCACHE_ENDPOINT", "SMARTCACHE_VAR", PORT_OFFSET_VARIABLE})
 
 
 class SettingsError(ValueError):

@@ -10,7 +10,8 @@ to the child's log, so a run's lines are easy to find in an appended log.
 the simulated backend in the foreground; Ctrl-C stops them all. Before
 starting anything it checks every port it needs is free and names the
 variable to change if not (a second `make run` next to a running one stops
-there). A child is ready only when the process we started is the one
+there); SMARTCACHE_PORT_OFFSET=N moves every default port by N at once, and
+smartcache-cli's default endpoint with them. A child is ready only when the process we started is the one
 listening on its ports (Linux /proc), so another program answering on the
 same port can never pass for it. On a terminal, the logs of all four are
 shown as they grow, one coloured line each (structlog's console renderer).
@@ -39,7 +40,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from service.config import Settings, SettingsError
+from service.config import PORT_OFFSET_VARIABLE, Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA_INIT = ROOT / "lua" / "init.lua"
@@ -49,6 +50,17 @@ POLL_S = 0.05
 TAIL_POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
 _TCP_LISTEN = "0A"  # socket state in /proc/net/tcp
+#: make run's ports: variable -> default (SMARTCACHE_PORT_OFFSET is added to each default)
+DEFAULT_PORTS = {
+    "SC_MASTER_PORT": 3301,
+    "SC_REPLICA_PORT": 3302,
+    "SC_MASTER_HTTP_PORT": 8301,
+    "SC_REPLICA_HTTP_PORT": 8302,
+    "BACKEND_PORT": 8090,
+    "SMARTCACHE_METRICS_PORT": 9105,
+}
+DEFAULT_LISTEN_PORT = 5555
+MAX_PORT_OFFSET = 65535 - max(DEFAULT_PORTS.values())
 
 
 class NotReady(Exception):
@@ -286,22 +298,18 @@ class Plan:
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Plan:
-        defaults = {
-            "SC_MASTER_PORT": 3301,
-            "SC_REPLICA_PORT": 3302,
-            "SC_MASTER_HTTP_PORT": 8301,
-            "SC_REPLICA_HTTP_PORT": 8302,
-            "BACKEND_PORT": 8090,
-            "SMARTCACHE_METRICS_PORT": 9105,
-        }
         ports, errors = {}, []
-        for name, default in defaults.items():
-            raw = env.get(name, "").strip() or str(default)
+        offset = env.get(PORT_OFFSET_VARIABLE, "").strip() or "0"
+        if not offset.isdigit() or int(offset) > MAX_PORT_OFFSET:
+            errors.append(f"{PORT_OFFSET_VARIABLE}={offset!r} must be a number 0..{MAX_PORT_OFFSET}")
+            offset = "0"
+        for name, default in DEFAULT_PORTS.items():
+            raw = env.get(name, "").strip() or str(default + int(offset))
             if not raw.isdigit() or not 1 <= int(raw) <= 65535:
                 errors.append(f"{name}={raw!r} must be a port number 1..65535")
             else:
                 ports[name] = int(raw)
-        listen = env.get("SMARTCACHE_LISTEN", "").strip() or "tcp://127.0.0.1:5555"
+        listen = env.get("SMARTCACHE_LISTEN", "").strip() or f"tcp://127.0.0.1:{DEFAULT_LISTEN_PORT + int(offset)}"
         listen_port = None
         if listen.startswith("tcp://"):
             port = listen.rpartition(":")[2]
@@ -324,7 +332,8 @@ class Plan:
         taken = [f"{port} ({names[0]})" for port, names in by_port.items() if not port_is_free(port)]
         if taken:
             raise BadEnvironment(
-                f"port {', '.join(taken)} already in use (another make run?): set each variable named to a free port"
+                f"port {', '.join(taken)} already in use (another make run?): set each variable named to a free"
+                f" port, or move them all with {PORT_OFFSET_VARIABLE}=N"
             )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import random
 import signal
 import socket
 import subprocess
@@ -18,8 +19,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.client import Client
-from service.devstack import LogTail, free_port, listens
+from service.devstack import (
+    DEFAULT_LISTEN_PORT,
+    DEFAULT_PORTS,
+    MAX_PORT_OFFSET,
+    BadEnvironment,
+    LogTail,
+    Plan,
+    free_port,
+    listens,
+    port_is_free,
+)
 
 PORT_VARIABLES = (
     "SC_MASTER_PORT",
@@ -60,6 +70,24 @@ def _stack_env(var: Path) -> dict[str, str]:
         "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{free_port()}",
         "SMARTCACHE_VAR": str(var),
     }
+
+
+def _moved_stack_env(var: Path) -> tuple[dict[str, str], int]:
+    """The environment of a user who moves the whole stack with one variable; (env, the offset)."""
+    clean = {k: v for k, v in os.environ.items() if k not in DEFAULT_PORTS and not k.startswith("SMARTCACHE_")}
+    for _ in range(100):
+        offset = random.randrange(20000, MAX_PORT_OFFSET)
+        if all(port_is_free(p + offset) for p in (*DEFAULT_PORTS.values(), DEFAULT_LISTEN_PORT)):
+            return {**clean, "SMARTCACHE_PORT_OFFSET": str(offset), "SMARTCACHE_VAR": str(var)}, offset
+    raise AssertionError("no free offset")
+
+
+def _cli(env: dict[str, str], *args: str) -> dict:
+    """smartcache-cli as a user types it (no --endpoint); its JSON output."""
+    cli = Path(sys.executable).parent / "smartcache-cli"
+    done = subprocess.run([str(cli), *args], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
 def _make_run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -110,11 +138,12 @@ def terminal() -> Iterator[Terminal]:
     t.close()
 
 
-def test_make_run_serves_shows_coloured_logs_refuses_a_second_run_and_stops_on_ctrl_c(
+def test_make_run_moved_by_one_variable_serves_the_quick_start_shows_coloured_logs_and_stops_on_ctrl_c(
     tmp_path: Path, terminal: Terminal
 ) -> None:
-    env = _stack_env(tmp_path)
-    listen, metrics = env["SMARTCACHE_LISTEN"], f"http://127.0.0.1:{env['SMARTCACHE_METRICS_PORT']}"
+    env, offset = _moved_stack_env(tmp_path)
+    listen = f"tcp://127.0.0.1:{DEFAULT_LISTEN_PORT + offset}"
+    metrics = f"http://127.0.0.1:{DEFAULT_PORTS['SMARTCACHE_METRICS_PORT'] + offset}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.devstack"], env=env, stdout=terminal.slave, stderr=terminal.slave
     )
@@ -124,11 +153,14 @@ def test_make_run_serves_shows_coloured_logs_refuses_a_second_run_and_stops_on_c
         assert listen in terminal.text
         children = _children(proc.pid)
         assert len(children) == 4  # master, replica, backend, service
-        with Client(listen, timeout_s=10) as c:
-            created = c.session_create("devstack-client", data={"x": 1})
-            assert created.ok
-            assert c.device_bind("devstack-dev", "devstack-client").ok
-        replica = f"http://127.0.0.1:{env['SC_REPLICA_HTTP_PORT']}"
+        # the README's quick start, with nothing but SMARTCACHE_PORT_OFFSET set
+        assert _cli(env, "ping")["status"] == "OK"
+        created = _cli(env, "session-create", "client-7", "--data", '{"step": 1}')
+        assert _cli(env, "session-get", created["session_id"])["data"] == {"step": 1}
+        assert _cli(env, "device-bind", "dev-1", "client-7")["status"] == "OK"
+        assert _cli(env, "app-start", "dev-1")["status"] == "SENT"
+        assert _cli(env, "products-get", "client-7", "1")["status"] == "OK"
+        replica = f"http://127.0.0.1:{DEFAULT_PORTS['SC_REPLICA_HTTP_PORT'] + offset}"
         health = httpx.get(f"{replica}/health", timeout=5).json()
         assert (health["role"], health["replication"][0]["upstream_status"]) == ("replica", "follow")
         assert "smartcache_build_info" in httpx.get(f"{metrics}/metrics", timeout=5).text
@@ -149,6 +181,7 @@ def test_make_run_serves_shows_coloured_logs_refuses_a_second_run_and_stops_on_c
         assert second.stderr.startswith("make run: ")
         for name in (*PORT_VARIABLES, "SMARTCACHE_LISTEN"):
             assert name in second.stderr
+        assert "SMARTCACHE_PORT_OFFSET" in second.stderr
         assert not (tmp_path / "second").exists()
 
         proc.send_signal(signal.SIGINT)
@@ -194,6 +227,18 @@ def test_make_run_refuses_bad_values_naming_the_variable(tmp_path: Path, overrid
     (line,) = done.stderr.splitlines()
     assert line.startswith("make run: ")
     assert named in line
+
+
+def test_one_variable_moves_every_default_port() -> None:
+    plan = Plan.from_env({"SMARTCACHE_PORT_OFFSET": "1000", "BACKEND_PORT": "7000"})
+    assert plan.ports == {
+        **{name: port + 1000 for name, port in DEFAULT_PORTS.items()},
+        "BACKEND_PORT": 7000,  # a port set by its own variable stays
+        "SMARTCACHE_LISTEN": 6555,
+    }
+    assert plan.listen == "tcp://127.0.0.1:6555"
+    with pytest.raises(BadEnvironment, match="SMARTCACHE_PORT_OFFSET"):
+        Plan.from_env({"SMARTCACHE_PORT_OFFSET": "60000"})
 
 
 def test_listens_tells_the_process_holding_a_port_from_any_other() -> None:
