@@ -31,6 +31,10 @@ log = structlog.get_logger("main")
 JOIN_MARGIN_S = 10.0
 
 
+class StartError(Exception):
+    """A port or endpoint could not be bound; the message names the variable to change."""
+
+
 class Service:
     """The whole service in one process: metrics, worker pool, broker."""
 
@@ -47,10 +51,17 @@ class Service:
 
     def start(self) -> None:
         s = self.settings
-        self.metrics_port = self.metrics.serve(s.metrics_addr, s.metrics_port, live=self.live, ready=self.ready)
+        try:
+            self.metrics_port = self.metrics.serve(s.metrics_addr, s.metrics_port, live=self.live, ready=self.ready)
+        except OSError as e:
+            where = f"SMARTCACHE_METRICS_ADDR={s.metrics_addr} SMARTCACHE_METRICS_PORT={s.metrics_port}"
+            raise StartError(f"{where}: {e.strerror or e}") from e
         self.metrics.storage_active.labels(s.tarantool[0]).set(1)
         self.pool.start()
-        self.broker.start()
+        try:
+            self.broker.start()
+        except zmq.ZMQError as e:
+            raise StartError(f"SMARTCACHE_LISTEN={s.listen}: {e.strerror}") from e
         log.info(
             "service_started",
             version=__version__,
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     service = Service(settings)
     try:
         service.start()
-    except (zmq.ZMQError, OSError) as e:
+    except (StartError, zmq.ZMQError, OSError) as e:
         log.error("start_failed", error=str(e))  # noqa: TRY400 - the message says it all
         return 1
     while not stop.wait(0.5):

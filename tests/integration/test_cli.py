@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -191,6 +192,22 @@ def test_bad_settings_exit_2_with_one_json_line_naming_the_variable(name: str, v
     doc = json.loads(line)
     assert (doc["event"], doc["level"]) == ("bad_settings", "error")
     assert f"{name}={value!r}" in doc["error"]
+
+
+@pytest.mark.parametrize("variable", ["SMARTCACHE_METRICS_PORT", "SMARTCACHE_LISTEN"])
+def test_a_taken_port_exits_1_naming_its_variable(variable: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"SMARTCACHE_METRICS_PORT": "0", "SMARTCACHE_LISTEN": "tcp://127.0.0.1:0"}
+        env[variable] = str(port) if variable == "SMARTCACHE_METRICS_PORT" else f"tcp://127.0.0.1:{port}"
+        done = run("smartcache", **env)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stdout + done.stderr
+    (failed,) = [json.loads(line) for line in done.stdout.splitlines() if '"start_failed"' in line]
+    assert f"{variable}=" in failed["error"]
+    assert "in use" in failed["error"]
 
 
 def test_service_logs_its_effective_settings_with_secrets_hidden(storage: Tarantool, tmp_path: Path) -> None:
