@@ -11,9 +11,10 @@ the simulated backend in the foreground; Ctrl-C stops them all. Before
 starting anything it checks every port it needs is free and names the
 variable to change if not (a second `make run` next to a running one stops
 there); SMARTCACHE_PORT_OFFSET=N moves every default port by N at once, and
-smartcache-cli's default endpoint with them. A child is ready only when the process we started is the one
-listening on its ports (Linux /proc), so another program answering on the
-same port can never pass for it. On a terminal, the logs of all four are
+smartcache-cli's default endpoint with them. A child is ready only when the
+process we started is the one listening on its ports (Linux /proc; psutil
+would do it too, but is not worth a dependency for one function), so another
+program answering on the same port can never pass for it. On a terminal, the logs of all four are
 shown as they grow, one coloured line each (structlog's console renderer).
 """
 
