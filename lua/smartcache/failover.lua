@@ -1,0 +1,976 @@
+-- Leader lease, self-fencing and election for a replica set of smartcache
+-- instances, with etcd as the only judge of who leads (issue 11).
+--
+-- No instance decides on its own that the leader is gone. etcd holds one key,
+-- /smartcache/<cluster>/leader, attached to the leader's lease; whoever holds
+-- it leads, and the key's mod_revision is the term. Every instance keeps its
+-- own lease alive (keepalive every TTL/3) and publishes its vclock under
+-- /smartcache/<cluster>/members/<uuid> on that lease.
+--
+-- Fencing (the standard lease rule, as in Patroni's leader loop and Chubby):
+-- the leader may write only while now < t_sent + TTL - margin, t_sent being
+-- the monotonic time at which the last *successful* keepalive was sent. etcd
+-- can expire the key no earlier than t_sent + TTL, so a leader cut off from
+-- etcd, or frozen (SIGSTOP) and resumed, refuses writes before anyone else can
+-- be elected. writable() is that one compare; the guard fiber also turns the
+-- instance read-only when the deadline passes.
+--
+-- Election, when the key is free: every member republishes its vclock; a
+-- member takes the key (a transaction with create_revision == 0) only when
+-- every other live, eligible member has published since the key went away
+-- and none is ahead of it (vclock sum; ties: smallest uuid). The winner stops
+-- replicating before it samples the vclock it writes into the key, so that
+-- vclock is final for every other instance's component: a follower with more
+-- of any of them than the key says holds rows the leader does not have, and
+-- is DIVERGED (it stays read-only and disconnected until rebuilt, see rejoin).
+--
+-- Promotion on Tarantool 2.6.0: box.ctl.clear_synchro_queue() waits
+-- 2 x replication_synchro_timeout for someone else to empty the queue, then
+-- confirms the old leader's pending transactions up to what a quorum of the
+-- replicas *replicating from us* have, and rolls back the rest. So the new
+-- leader first waits (bounded) until quorum - 1 followers follow it and have
+-- everything it has, then clears with the timeout set to 1 ms: an acknowledged
+-- write that reached only the new leader is confirmed, not rolled back
+-- (measured: with no follower attached the same call rolls it back).
+--
+-- The state machine is three steps, each runnable alone against an injected
+-- clock, etcd client and box adapter (lua/tests/failover_test.lua):
+--   lease_step    grant / keepalive the lease; fence when it is lost
+--   control_step  read the leader key; follow, elect, promote; publish
+--   guard_step    fence once the deadline passes
+local clock = require('clock')
+local fiber = require('fiber')
+local json = require('json')
+
+local M = {}
+
+M.ROLES = {'leader', 'follower', 'candidate', 'fenced', 'diverged', 'standalone'}
+M.REJOIN_MARKER = 'sc_rejoin'
+M.REJOIN_EXIT_CODE = 75  -- EX_TEMPFAIL: "restart me"
+
+local F = {}
+F.__index = F
+
+-- vclocks ---------------------------------------------------------------------
+
+-- box.info.vclock without component 0 (local rows, never replicated), as a
+-- plain {id = lsn} table.
+local function clean_vclock(vc)
+    local out = {}
+    for id, lsn in pairs(vc or {}) do
+        id = tonumber(id)
+        if id ~= nil and id ~= 0 then
+            out[id] = lsn
+        end
+    end
+    return out
+end
+M.clean_vclock = clean_vclock
+
+-- JSON cannot carry a sparse integer-keyed table: keys become strings.
+local function vclock_to_json(vc)
+    local out = setmetatable({}, {__serialize = 'map'})
+    for id, lsn in pairs(clean_vclock(vc)) do
+        out[tostring(id)] = lsn
+    end
+    return out
+end
+
+local function vclock_sum(vc)
+    local s = 0
+    for _, lsn in pairs(vc) do
+        s = s + lsn
+    end
+    return s
+end
+M.vclock_sum = vclock_sum
+
+-- a >= b in every component.
+local function vclock_ge(a, b)
+    for id, lsn in pairs(b) do
+        if (a[id] or 0) < lsn then
+            return false
+        end
+    end
+    return true
+end
+M.vclock_ge = vclock_ge
+
+-- The first component, other than the leader's own, in which mine is ahead of
+-- the vclock the leader was elected with; nil when there is none.
+local function ahead_of(mine, elected, leader_id)
+    for id, lsn in pairs(mine) do
+        if id ~= leader_id and lsn > (elected[id] or 0) then
+            return id
+        end
+    end
+    return nil
+end
+M.ahead_of = ahead_of
+
+-- Election order: more rows first, then the smaller uuid.
+local function better(a, b)
+    local sa, sb = vclock_sum(a.vclock), vclock_sum(b.vclock)
+    if sa ~= sb then
+        return sa > sb
+    end
+    return a.uuid < b.uuid
+end
+M.better = better
+
+local function decode(value)
+    local ok, doc = pcall(json.decode, value)
+    if not ok or type(doc) ~= 'table' then
+        return nil
+    end
+    doc.vclock = clean_vclock(doc.vclock)
+    return doc
+end
+
+local function is_wal_error(err)
+    return type(err) == 'cdata' and err.code == box.error.WAL_IO
+        or tostring(err):find('Failed to write to disk', 1, true) ~= nil
+end
+
+-- the instance ----------------------------------------------------------------
+
+-- opts:
+--   etcd         smartcache.etcd client (or a fake)
+--   box          adapter (M.box_adapter for the real one): uuid(), id(), vclock(), replicaset(),
+--                read_only(bool), follow(uri|nil), downstreams() -> {{uuid, status, vclock}},
+--                clear_synchro_queue(), on_promote(), wal_errors() -> counter, wal_probe() -> ok, err,
+--                quiesce() -> ok, err (read-only once every submitted write is in the WAL)
+--   cluster, uri, ttl (s), margin (s), poll (s), quorum (synchronous), election_quorum
+--   (a majority of the configured members), candidate (bool), data_dir
+--   clock        monotonic seconds (default clock.monotonic)
+--   sleep        fiber.sleep (tests: a function that moves the fake clock)
+--   log          the log module
+function M.new(opts)
+    local self = setmetatable({}, F)
+    self.etcd = assert(opts.etcd, 'etcd client required')
+    self.box = assert(opts.box, 'box adapter required')
+    self.cluster = opts.cluster or 'smartcache'
+    self.uri = assert(opts.uri, 'uri required')
+    self.ttl = opts.ttl or 5
+    self.margin = opts.margin or math.max(0.5, self.ttl / 5)
+    assert(self.margin < self.ttl, 'lease margin must be below the TTL')
+    self.keepalive_interval = self.ttl / 3
+    self.poll = opts.poll or 0.2
+    self.quorum = opts.quorum or 2                       -- synchronous replication quorum
+    self.election_quorum = opts.election_quorum or self.quorum  -- eligible members that must have published
+    self.candidate_allowed = opts.candidate ~= false
+    self.promote_wait = opts.promote_wait or math.min(2, self.ttl / 2)
+    self.election_wait = opts.election_wait or self.ttl
+    self.data_dir = opts.data_dir
+    self.clock = opts.clock or clock.monotonic
+    self.sleep = opts.sleep or fiber.sleep
+    self.log = opts.log or require('log')
+    local prefix = string.format('/smartcache/%s/', self.cluster)
+    self.keys = {prefix = prefix, leader = prefix .. 'leader', members = prefix .. 'members/',
+                 replicaset = prefix .. 'replicaset'}
+
+    self.role = 'candidate'
+    self.deadline = 0          -- monotonic s: writes allowed while clock() < deadline
+    self.term = 0
+    self.leader = nil          -- {uuid, id, uri, term, vclock, lease, replicaset}
+    self.lease_id = nil
+    self.lease_ttl = 0
+    self.lease_sent = 0        -- send time of the last successful grant/keepalive
+    self.next_keepalive = 0
+    self.next_publish = 0
+    self.following = nil
+    self.absent_since_rev = nil
+    self.absent_since = nil
+    self.diverged = nil        -- reason, while diverged
+    self.wal_broken = nil      -- reason, after a WAL failure made us step down
+    self.wal_errors_seen = self.box.wal_errors()
+    self.handing_over = false
+    self.promoting = false
+    self.last_error = nil
+    self.counters = {elections_won = 0, promotions = 0, fences = 0, step_downs = 0, etcd_errors = 0,
+                     divergences = 0, switchovers = 0}
+    self.keys.member = self.keys.members .. self.box.uuid()
+    self.uuid = self.box.uuid()
+    -- The hot path: one compare against the deadline.
+    self.writable = function()
+        return self.clock() < self.deadline
+    end
+    return self
+end
+
+function F:etcd_error(what, err)
+    self.counters.etcd_errors = self.counters.etcd_errors + 1
+    self.last_error = string.format('%s: %s', what, err and err.message or '?')
+end
+
+function F:lease_left()
+    return math.max(0, self.deadline - self.clock())
+end
+
+-- Stop writing now. Never yields before the deadline is gone.
+function F:fence(reason)
+    self.deadline = 0
+    local was = self.role
+    pcall(self.box.read_only, true)
+    if was == 'leader' then
+        self.counters.fences = self.counters.fences + 1
+        self.role = 'fenced'
+        self.fence_reason = reason
+        self.log.warn('failover: fenced (%s): read-only, writes answer NOT_LEADER', reason)
+        self.next_publish = 0
+    end
+end
+
+-- Give up leadership for good: fence, then free the key if it is still ours.
+function F:step_down(reason, opts)
+    local term = self.term
+    self:fence(reason)
+    self.counters.step_downs = self.counters.step_downs + 1
+    if opts and opts.wal then
+        self.wal_broken = reason
+        self.wal_broken_sum = vclock_sum(self.box.vclock())
+    end
+    if self.role ~= 'diverged' then
+        self.role = 'candidate'
+    end
+    self.log.error('failover: stepping down: %s', reason)
+    if term > 0 then
+        local ok, err = self.etcd:delete_if(self.keys.leader, term)
+        if ok == nil then
+            self:etcd_error('release leader key', err)
+        end
+    end
+    self.next_publish = 0
+end
+
+function F:eligible()
+    return self.candidate_allowed and self.diverged == nil and self.wal_broken == nil
+end
+
+function F:record()
+    return {uuid = self.uuid, id = self.box.id(), uri = self.uri, vclock = vclock_to_json(self.box.vclock()),
+            role = self.role, term = self.term, eligible = self:eligible(), lease = self.lease_id,
+            replicaset = self.box.replicaset(), reason = self.diverged or self.wal_broken}
+end
+
+-- Put our member record (on our lease); returns (record, revision) or nil.
+function F:publish()
+    if self.lease_id == nil then
+        return nil
+    end
+    local rec = self:record()
+    local rev, err = self.etcd:put(self.keys.member, json.encode(rec), self.lease_id)
+    if rev == nil then
+        self:etcd_error('publish', err)
+        return nil
+    end
+    self.next_publish = self.clock() + self.keepalive_interval
+    rec.vclock = clean_vclock(rec.vclock)
+    return rec, rev
+end
+
+-- lease -------------------------------------------------------------------------
+
+function F:lease_step()
+    local t_sent = self.clock()
+    if self.lease_id == nil then
+        local r, err = self.etcd:grant(self.ttl)
+        if r == nil then
+            self:etcd_error('grant', err)
+            return
+        end
+        self.lease_id, self.lease_ttl, self.lease_sent = r.id, math.min(r.ttl, self.ttl), t_sent
+        self.next_keepalive = t_sent + self.keepalive_interval
+        self.next_publish = 0
+        return
+    end
+    if t_sent < self.next_keepalive then
+        return
+    end
+    local lease = self.lease_id
+    local ttl, err = self.etcd:keepalive(lease)
+    if self.lease_id ~= lease then
+        return  -- replaced while we waited
+    end
+    if ttl == nil then
+        -- Nothing proven: the deadline runs out on its own. Retry soon.
+        self:etcd_error('keepalive', err)
+        self.next_keepalive = self.clock() + math.min(self.keepalive_interval, self.poll)
+        return
+    end
+    self.next_keepalive = t_sent + self.keepalive_interval
+    if ttl <= 0 then
+        self.log.warn('failover: lease %s is gone', lease)
+        self.lease_id = nil
+        self.lease_ttl = 0
+        if self.role == 'leader' then
+            self:fence('lease lost')
+        end
+        return
+    end
+    self.lease_sent, self.lease_ttl = t_sent, math.min(ttl, self.ttl)
+    if self.role == 'leader' then
+        -- May lie in the past already (a slow answer): then the guard fences.
+        self.deadline = t_sent + self.lease_ttl - self.margin
+    end
+end
+
+function F:guard_step()
+    if self.role == 'leader' and self.clock() >= self.deadline then
+        self:fence('lease deadline passed')
+    end
+end
+
+-- control -------------------------------------------------------------------------
+
+-- A leader whose WAL fails steps down instead of answering errors.
+function F:check_wal()
+    local n = self.box.wal_errors()
+    if n <= self.wal_errors_seen then
+        if self.wal_broken ~= nil and vclock_sum(self.box.vclock()) > self.wal_broken_sum then
+            self.log.info('failover: WAL writes work again')
+            self.wal_broken = nil
+            self.next_publish = 0
+        end
+        return
+    end
+    self.wal_errors_seen = n
+    if self.role ~= 'leader' then
+        return
+    end
+    local ok, err = self.box.wal_probe()
+    if not ok and is_wal_error(err) then
+        self:step_down('WAL write failed: ' .. tostring(err), {wal = true})
+    elseif not ok then
+        self.log.warn('failover: WAL probe failed: %s', tostring(err))
+    end
+end
+
+function F:diverge(reason)
+    if self.diverged == nil then
+        self.counters.divergences = self.counters.divergences + 1
+        self.log.error('failover: DIVERGED: %s; read-only and disconnected until rebuilt ' ..
+                       '(smartcache-cli cluster rejoin)', reason)
+    end
+    if self.role == 'leader' then
+        self:fence('diverged')
+    end
+    self.diverged = reason
+    self.role = 'diverged'
+    if self.following ~= nil then
+        pcall(self.box.follow, nil)
+        self.following = nil
+    end
+    self.next_publish = 0
+end
+
+function F:follow(leader)
+    local mine = self.box.vclock()
+    local rs = self.box.replicaset()
+    local reason
+    if leader.replicaset ~= nil and rs ~= nil and leader.replicaset ~= rs then
+        reason = string.format('replica set %s, the leader is in %s', rs, leader.replicaset)
+    else
+        local id = ahead_of(mine, leader.vclock, leader.id)
+        if id ~= nil then
+            reason = string.format('has rows of instance %d up to lsn %d, leader %s was elected with %d',
+                id, mine[id], leader.uuid, leader.vclock[id] or 0)
+        end
+    end
+    if reason ~= nil then
+        return self:diverge(reason)
+    end
+    if self.diverged ~= nil then
+        self.log.info('failover: no longer diverged: leader %s has every row we have', leader.uuid)
+        self.diverged = nil
+    end
+    if self.following ~= leader.uri then
+        self.log.info('failover: following leader %s at %s (term %d)', leader.uuid, leader.uri, leader.term)
+        self.box.follow(leader.uri)
+        self.following = leader.uri
+    end
+    if self.role ~= 'follower' then
+        self.role = 'follower'
+        self.next_publish = 0
+    end
+    self.term = leader.term
+end
+
+-- Live members other than us: {uuid -> {record, mod_revision}}.
+function F:members()
+    local list, err = self.etcd:range_prefix(self.keys.members)
+    if list == nil then
+        self:etcd_error('members', err)
+        return nil
+    end
+    local out = {}
+    for _, kv in ipairs(list) do
+        local m = decode(kv.value)
+        if m ~= nil and m.uuid ~= nil and m.uuid ~= self.uuid then
+            m.mod_revision = kv.mod_revision
+            out[m.uuid] = m
+        end
+    end
+    return out
+end
+
+-- The key is free: publish, and take it if no live eligible member is ahead of us.
+function F:elect()
+    local me = self:publish()
+    if me == nil or not me.eligible then
+        return
+    end
+    local members = self:members()
+    if members == nil then
+        return
+    end
+    local patient = self.clock() - self.absent_since < self.election_wait
+    local fresh = 1  -- us
+    for _, m in pairs(members) do
+        if m.eligible then
+            if m.mod_revision <= self.absent_since_rev then
+                -- Published before the key went away: its vclock may be stale. Wait for it,
+                -- up to election_wait (a member that cannot publish then cannot lead either).
+                if patient then
+                    return
+                end
+            elseif better(m, me) then
+                return
+            else
+                fresh = fresh + 1
+            end
+        end
+    end
+    -- A majority of the configured members must have spoken: an acknowledged
+    -- (synchronous) write is on a majority, two majorities share a member, and
+    -- we are not behind any member we heard from.
+    if fresh < self.election_quorum then
+        return
+    end
+    -- We are the best. Stop receiving, so the vclock in the key is final.
+    if self.following ~= nil then
+        self.box.follow(nil)
+        self.following = nil
+    end
+    local vclock = self.box.vclock()
+    local value = {uuid = self.uuid, id = self.box.id(), uri = self.uri, vclock = vclock_to_json(vclock),
+                   replicaset = self.box.replicaset()}
+    local ok, rev = self.etcd:create(self.keys.leader, json.encode(value), self.lease_id)
+    if ok == nil then
+        self:etcd_error('take leader key', rev)
+        return
+    end
+    if not ok then
+        return  -- someone else was faster: the next step follows them
+    end
+    self.counters.elections_won = self.counters.elections_won + 1
+    self.log.info('failover: won the election (term %d)', rev)
+    return self:promote({uuid = self.uuid, id = value.id, uri = self.uri, term = rev, vclock = vclock,
+                         lease = self.lease_id, replicaset = value.replicaset})
+end
+
+-- Until quorum - 1 live members replicate from us and have all we have, or timeout.
+function F:wait_followers(timeout)
+    local members = self:members() or {}
+    local live = 0
+    for _, m in pairs(members) do
+        if m.reason == nil then  -- diverged or broken members do not replicate from us
+            live = live + 1
+        end
+    end
+    local need = math.min(self.quorum - 1, live)
+    if need <= 0 then
+        return true
+    end
+    local target = self.box.vclock()
+    local until_t = self.clock() + timeout
+    while true do
+        local n = 0
+        for _, d in ipairs(self.box.downstreams()) do
+            if d.status == 'follow' and vclock_ge(d.vclock, target) then
+                n = n + 1
+            end
+        end
+        if n >= need then
+            return true
+        end
+        if self.clock() >= until_t then
+            self.log.warn('failover: only %d of %d followers caught up before promotion', n, need)
+            return false
+        end
+        self.sleep(0.01)
+    end
+end
+
+-- The key is ours: become writable, in this order.
+function F:promote(leader)
+    if self.promoting then
+        return
+    end
+    self.promoting = true
+    local lease = self.lease_id
+    local ok, err = pcall(function()
+        if self.following ~= nil then
+            self.box.follow(nil)
+            self.following = nil
+        end
+        self:wait_followers(self.promote_wait)
+        self.box.clear_synchro_queue()
+        self.box.read_only(false)
+        self.box.on_promote()
+    end)
+    self.promoting = false
+    self.leader = leader
+    self.term = leader.term
+    if not ok then
+        return self:step_down('promotion failed: ' .. tostring(err), {wal = is_wal_error(err)})
+    end
+    local deadline = self.lease_sent + self.lease_ttl - self.margin
+    if self.lease_id ~= lease or self.clock() >= deadline then
+        self.role = 'leader'  -- so that fence counts and logs it
+        return self:fence('lease not proven after promotion')
+    end
+    self.deadline = deadline
+    self.role = 'leader'
+    self.fence_reason = nil
+    self.counters.promotions = self.counters.promotions + 1
+    self.log.info('failover: leader (term %d), writable for %.2f s unless renewed', self.term, self:lease_left())
+    self:publish()
+end
+
+function F:no_leader(rev)
+    if self.role == 'leader' then
+        self:fence('leader key gone')
+    end
+    self.leader = nil
+    if self.absent_since_rev == nil then
+        self.absent_since_rev, self.absent_since = rev, self.clock()
+    end
+    if self.role ~= 'diverged' then
+        self.role = 'candidate'
+    end
+    return self:elect()
+end
+
+function F:control_step()
+    self:check_wal()
+    if self.lease_id == nil then
+        if self.role == 'leader' then
+            self:fence('no lease')
+        end
+        return
+    end
+    local kv, rev = self.etcd:get(self.keys.leader)
+    if kv == nil then
+        self:etcd_error('read leader key', rev)
+        return
+    end
+    if kv == false then
+        return self:no_leader(rev)
+    end
+    self.absent_since_rev, self.absent_since = nil, nil
+    local v = decode(kv.value) or {}
+    local leader = {uuid = v.uuid, id = v.id, uri = v.uri, vclock = v.vclock or {}, term = kv.mod_revision,
+                    lease = kv.lease, replicaset = v.replicaset}
+    if leader.uuid == self.uuid then
+        if kv.lease ~= self.lease_id then
+            -- Our key from an earlier life (a lease we no longer hold): free it now
+            -- rather than wait out its TTL. Only this instance writes with our uuid.
+            self.log.info('failover: removing the leader key of a previous run')
+            local ok, err = self.etcd:delete_if(self.keys.leader, kv.mod_revision)
+            if ok == nil then
+                self:etcd_error('remove stale key', err)
+            end
+        elseif self.role ~= 'leader' and not self.handing_over then
+            self:promote(leader)
+        else
+            self.leader, self.term = leader, leader.term
+        end
+    else
+        if self.role == 'leader' or self.role == 'fenced' then
+            self:fence('another leader: ' .. tostring(leader.uuid))
+        end
+        self.leader = leader
+        self:follow(leader)
+    end
+    if self.clock() >= self.next_publish then
+        self:publish()
+    end
+end
+
+-- operator actions -----------------------------------------------------------------
+
+-- Planned hand-over to candidate_uuid (nil: the most up-to-date eligible member).
+-- Stops writing, waits until the candidate has every row, moves the key to the
+-- candidate's lease in one transaction, and waits until the candidate reports
+-- itself leader. Returns a result map; pause_ms is the measured write pause.
+function F:switchover(candidate_uuid, timeout_s)
+    if self.role ~= 'leader' or not self.writable() then
+        return {status = 'NOT_LEADER', leader_uuid = self.leader and self.leader.uuid, role = self.role}
+    end
+    local members = self:members()
+    if members == nil then
+        return {status = 'ERROR', message = 'etcd unavailable: ' .. tostring(self.last_error)}
+    end
+    local cand
+    if candidate_uuid ~= nil then
+        cand = members[candidate_uuid]
+        if cand == nil then
+            return {status = 'NOT_FOUND', message = 'no live member ' .. tostring(candidate_uuid)}
+        end
+    else
+        for _, m in pairs(members) do
+            if m.eligible and (cand == nil or better(m, cand)) then
+                cand = m
+            end
+        end
+        if cand == nil then
+            return {status = 'NOT_FOUND', message = 'no live eligible member'}
+        end
+    end
+    if not cand.eligible or cand.lease == nil then
+        return {status = 'BAD_REQUEST', message = 'member is not eligible: ' .. tostring(cand.reason)}
+    end
+    self.handing_over = true
+    local ok, res = pcall(self.hand_over, self, cand, timeout_s)
+    self.handing_over = false
+    if not ok then
+        self.log.error('failover: switchover failed: %s', tostring(res))
+        return {status = 'ERROR', message = tostring(res)}
+    end
+    return res
+end
+
+function F:hand_over(cand, timeout_s)
+    local t0 = self.clock()
+    local until_t = t0 + timeout_s
+    local term = self.term
+    -- 1. Stop writing, then let every write already submitted reach the WAL
+    -- (and its quorum): a write of our own queues behind them.
+    self.deadline = 0
+    self.role = 'fenced'
+    self.fence_reason = 'switchover'
+    local barrier_ok, barrier_err = self.box.quiesce()
+    local target = self.box.vclock()
+    local function resume(status, message)
+        -- Still ours and the lease still proven: take writes again.
+        local d = self.lease_sent + self.lease_ttl - self.margin
+        if self.lease_id ~= nil and self.clock() < d and barrier_ok then
+            self.box.read_only(false)
+            self.deadline = d
+            self.role = 'leader'
+            self.fence_reason = nil
+        end
+        return {status = status, message = message, pause_ms = math.floor((self.clock() - t0) * 1000),
+                candidate_uuid = cand.uuid}
+    end
+    if not barrier_ok then
+        self:step_down('WAL write failed during switchover: ' .. tostring(barrier_err), {wal = true})
+        return {status = 'ERROR', message = 'WAL write failed: ' .. tostring(barrier_err)}
+    end
+    -- 2. The candidate catches up.
+    while true do
+        local caught = false
+        for _, d in ipairs(self.box.downstreams()) do
+            if d.uuid == cand.uuid and d.status == 'follow' and vclock_ge(d.vclock, target) then
+                caught = true
+            end
+        end
+        if caught then
+            break
+        end
+        if self.clock() >= until_t then
+            return resume('TIMEOUT', 'the candidate did not catch up')
+        end
+        self.sleep(0.005)
+    end
+    local caught_up_ms = math.floor((self.clock() - t0) * 1000)
+    -- 3. The key moves to the candidate's lease, if it is still ours.
+    local value = {uuid = cand.uuid, id = cand.id, uri = cand.uri, vclock = vclock_to_json(target),
+                   replicaset = self.box.replicaset()}
+    local ok, rev = self.etcd:txn({{key = self.keys.leader, target = 'MOD', value = term}},
+        {require('smartcache.etcd').op_put(self.keys.leader, json.encode(value), cand.lease)}, {})
+    if ok == nil then
+        -- The outcome is unknown: the key may have moved. Stay fenced; the control
+        -- step promotes us again if the key is still ours.
+        return {status = 'ERROR', message = 'etcd unavailable: ' .. tostring(rev and rev.message),
+                candidate_uuid = cand.uuid}
+    end
+    if not ok then
+        self.role = 'candidate'
+        return {status = 'ERROR', message = 'the leader key changed under us', candidate_uuid = cand.uuid}
+    end
+    self.counters.switchovers = self.counters.switchovers + 1
+    self.role = 'follower'
+    self.term = rev
+    self.leader = {uuid = cand.uuid, id = cand.id, uri = cand.uri, term = rev, vclock = target,
+                   lease = cand.lease, replicaset = value.replicaset}
+    self.box.follow(cand.uri)
+    self.following = cand.uri
+    self.next_publish = 0
+    self.log.info('failover: handed the leader key to %s (term %d)', cand.uuid, rev)
+    -- 4. Wait until the candidate says it leads (it polls the key).
+    while self.clock() < until_t do
+        local kv = self.etcd:get(self.keys.members .. cand.uuid)
+        local m = kv and decode(kv.value)
+        if m ~= nil and m.role == 'leader' and m.term == rev then
+            return {status = 'OK', pause_ms = math.floor((self.clock() - t0) * 1000), caught_up_ms = caught_up_ms,
+                    candidate_uuid = cand.uuid, term = rev}
+        end
+        self.sleep(0.01)
+    end
+    return {status = 'TIMEOUT', message = 'key handed over; the candidate has not reported leading yet',
+            pause_ms = math.floor((self.clock() - t0) * 1000), candidate_uuid = cand.uuid, term = rev}
+end
+
+-- What role() and /health report.
+function F:status()
+    local leader = self.leader or {}
+    return {
+        role = self.role, writable = self.writable(), term = self.term,
+        lease_left_ms = math.floor(self:lease_left() * 1000),
+        leader_uuid = leader.uuid, leader_uri = leader.uri,
+        instance_uuid = self.uuid, uri = self.uri,
+        fenced = self.role == 'fenced', fence_reason = self.fence_reason,
+        diverged = self.diverged, wal_broken = self.wal_broken,
+        eligible = self:eligible(), lease_id = self.lease_id, etcd_error = self.last_error,
+        counters = self.counters,
+    }
+end
+
+-- fibers ---------------------------------------------------------------------------
+
+local function loop(name, self, step, pause)
+    fiber.name(name)
+    while not self.stopped do
+        local ok, err = pcall(step, self)
+        if not ok then
+            self.log.error('%s: %s', name, tostring(err))
+        end
+        if self.stopped then
+            break
+        end
+        self.sleep(pause(self))
+    end
+end
+
+function F:start()
+    self.stopped = false
+    self.fibers = {
+        fiber.create(loop, 'failover_lease', self, F.lease_step, function(s)
+            if s.lease_id == nil then
+                return s.poll
+            end
+            return math.max(0.01, math.min(s.poll, s.next_keepalive - s.clock()))
+        end),
+        fiber.create(loop, 'failover_guard', self, F.guard_step, function(s)
+            if s.role == 'leader' then
+                return math.max(0.001, math.min(0.05, s.deadline - s.clock()))
+            end
+            return 0.05
+        end),
+        fiber.create(loop, 'failover_control', self, F.control_step, function(s)
+            return s.poll
+        end),
+    }
+    return self
+end
+
+function F:stop()
+    self.stopped = true
+end
+
+-- the real box -----------------------------------------------------------------------
+
+-- opts: user, password (the replication user), on_promote (admin writes of a new leader).
+function M.box_adapter(opts)
+    local stats = require('smartcache.stats')
+    local function probe()
+        box.space.sc_meta:replace({'failover_probe', fiber.time()})
+    end
+    return {
+        uuid = function() return box.info.uuid end,
+        id = function() return box.info.id end,
+        vclock = function() return clean_vclock(box.info.vclock) end,
+        replicaset = function() return box.info.cluster.uuid end,
+        read_only = function(ro)
+            if box.cfg.read_only ~= ro then
+                box.cfg({read_only = ro})
+            end
+        end,
+        follow = function(uri)
+            local replication = {}
+            if uri ~= nil then
+                replication = {string.format('%s:%s@%s', opts.user, opts.password, uri)}
+            end
+            box.cfg({replication = replication})
+        end,
+        downstreams = function()
+            local out = {}
+            for _, r in pairs(box.info.replication) do
+                if r.downstream ~= nil then
+                    table.insert(out, {uuid = r.uuid, status = r.downstream.status,
+                                       vclock = clean_vclock(r.downstream.vclock)})
+                end
+            end
+            return out
+        end,
+        -- 2.6.0 waits 2 x replication_synchro_timeout for someone else first;
+        -- nobody else will, so that wait is made 1 ms (see the module comment).
+        clear_synchro_queue = function()
+            local timeout = box.cfg.replication_synchro_timeout
+            box.cfg({replication_synchro_timeout = 0.001})
+            local ok, err = pcall(box.ctl.clear_synchro_queue)
+            box.cfg({replication_synchro_timeout = timeout})
+            if not ok then
+                error(err)
+            end
+        end,
+        on_promote = opts.on_promote or function() end,
+        wal_errors = function() return stats.wal_errors end,
+        wal_probe = function() return pcall(probe) end,
+        -- Writes queue in the WAL in order (and async ones behind pending sync
+        -- ones), so once our own write returns, every write submitted before it
+        -- is in the WAL. Expiry holds still meanwhile, then the box turns read-only.
+        quiesce = function()
+            local expiry = require('smartcache.expiry')
+            local paused = expiry.paused
+            expiry.paused = true
+            local ok, err = pcall(probe)
+            pcall(box.cfg, {read_only = true})
+            expiry.paused = paused
+            return ok, err
+        end,
+    }
+end
+
+-- the module's instance (HA mode) ------------------------------------------------------
+
+M.instance = nil
+
+-- One cheap check for write procedures; util.writable is this in HA mode.
+function M.writable()
+    local inst = M.instance
+    if inst == nil then
+        return box.info.ro == false
+    end
+    return inst.writable()
+end
+
+-- Environment -> settings; nil when SC_ETCD is unset (no HA: a standalone or
+-- legacy master/replica instance).
+function M.settings_from_env(util)
+    local etcd = util.env_string('SC_ETCD', '')
+    if etcd == '' then
+        return nil
+    end
+    local endpoints = {}
+    for e in etcd:gmatch('[^,%s]+') do
+        if not e:find('://', 1, true) then
+            e = 'http://' .. e
+        end
+        table.insert(endpoints, e)
+    end
+    local ttl = util.env_number('SC_LEADER_TTL_S', 5)
+    local size = util.env_number('SC_CLUSTER_SIZE', 3)
+    return {
+        endpoints = endpoints,
+        cluster = util.env_string('SC_CLUSTER', 'smartcache'),
+        ttl = ttl,
+        margin = util.env_number('SC_LEASE_MARGIN_MS', math.max(500, ttl * 200)) / 1000,
+        poll = util.env_number('SC_FAILOVER_POLL_MS', 200) / 1000,
+        etcd_timeout = util.env_number('SC_ETCD_TIMEOUT_MS', math.min(1000, ttl * 1000 / 3)) / 1000,
+        size = size,
+        quorum = util.env_number('SC_SYNC_QUORUM', math.floor(size / 2) + 1),
+        election_quorum = math.floor(size / 2) + 1,
+        candidate = util.env_string('SC_CANDIDATE', 'true') ~= 'false',
+    }
+end
+
+-- Install inst as this process's failover: util.writable becomes its lease check.
+function M.install(inst, util)
+    M.instance = inst
+    if util ~= nil then
+        util.writable = inst.writable
+    end
+    return inst
+end
+
+-- Procedures (registered in api.lua) ------------------------------------------------
+
+-- sc.role(): what the service asks every instance every <= 500 ms.
+function M.role()
+    local stats = require('smartcache.stats')
+    local inst = M.instance
+    local out
+    if inst == nil then
+        out = {role = 'standalone', writable = box.info.ro == false, term = 0, lease_left_ms = 0,
+               instance_uuid = box.info.uuid, uri = box.cfg.listen}
+    else
+        out = inst:status()
+        out.counters = nil
+    end
+    out.status = 'OK'
+    out.vclock = setmetatable(clean_vclock(box.info.vclock), {__serialize = 'map'})
+    out.read_only = box.info.ro
+    out.sync_queue_len = box.NULL  -- Tarantool 2.6.0 does not expose it (box.info.synchro came in 2.8)
+    out.replication = stats.replication()
+    return out
+end
+
+-- sc.switchover(candidate_uuid?, timeout_ms?), on the leader.
+function M.switchover(candidate_uuid, timeout_ms)
+    local inst = M.instance
+    if inst == nil then
+        return {status = 'BAD_REQUEST', message = 'failover is not configured (SC_ETCD)'}
+    end
+    if candidate_uuid == nil then  -- nil or box.NULL
+        candidate_uuid = nil
+    elseif type(candidate_uuid) ~= 'string' then
+        return {status = 'BAD_REQUEST', message = 'candidate_uuid must be a string'}
+    end
+    if timeout_ms == nil then
+        timeout_ms = 5000
+    elseif type(timeout_ms) ~= 'number' or timeout_ms <= 0 or timeout_ms > 60000 then
+        return {status = 'BAD_REQUEST', message = 'timeout_ms must be in 1..60000'}
+    end
+    return inst:switchover(candidate_uuid, timeout_ms / 1000)
+end
+
+-- sc.rejoin(instance_uuid, force?), on the instance to rebuild: leaves a marker
+-- in its data dir and exits with REJOIN_EXIT_CODE; at the next start init.lua
+-- moves the files aside and joins the leader empty.
+function M.rejoin(instance_uuid, force)
+    local inst = M.instance
+    if inst == nil then
+        return {status = 'BAD_REQUEST', message = 'failover is not configured (SC_ETCD)'}
+    end
+    if instance_uuid ~= box.info.uuid then
+        return {status = 'BAD_REQUEST', message = 'this is instance ' .. box.info.uuid}
+    end
+    if inst.role == 'leader' or inst.role == 'fenced' or inst.writable() then
+        return {status = 'BAD_REQUEST', message = 'the leader cannot rejoin: switch over first'}
+    end
+    if inst.diverged == nil and force ~= true then
+        return {status = 'BAD_REQUEST', message = 'not diverged; force = true rebuilds it anyway'}
+    end
+    local fio = require('fio')
+    local marker = fio.pathjoin(inst.data_dir, M.REJOIN_MARKER)
+    local fh = fio.open(marker, {'O_WRONLY', 'O_CREAT', 'O_TRUNC'}, tonumber('644', 8))
+    if fh == nil then
+        return {status = 'ERROR', message = 'cannot write ' .. marker}
+    end
+    fh:write(json.encode({at = os.time(), reason = inst.diverged or 'forced', uuid = inst.uuid}))
+    fh:close()
+    inst.log.warn('failover: rejoin requested (%s): exiting with code %d to be restarted empty',
+        inst.diverged or 'forced', M.REJOIN_EXIT_CODE)
+    fiber.create(function()
+        fiber.name('rejoin_exit')
+        fiber.sleep(0.2)  -- let the answer go out
+        os.exit(M.REJOIN_EXIT_CODE)
+    end)
+    return {status = 'OK', instance_uuid = inst.uuid, data_dir = inst.data_dir, marker = marker,
+            exit_code = M.REJOIN_EXIT_CODE}
+end
+
+return M
