@@ -14,10 +14,11 @@ else tcp://127.0.0.1:5555 (plus SMARTCACHE_PORT_OFFSET, as make run moves it).
 Output: one JSON object on stdout: "status" and the reply's fields. Session
 ids are UUID text everywhere (session-list included); other byte strings are
 {"hex": "..."}. A transport error or a timeout prints {"error": NAME,
-"message": ..., "endpoint": ...}.
+"message": ..., "endpoint": ...}; bad arguments print {"error": "BAD_ARGUMENT",
+"message": ...} (and the usage on stderr).
 
 Exit codes: 0 an OK reply; 1 another status (NOT_FOUND, CONFLICT...); 2 a
-transport error, a timeout, or bad arguments (usage on stderr).
+transport error, a timeout, or bad arguments.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import os
 import sys
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -82,8 +83,17 @@ def _session(text: str) -> uuid.UUID:
         ) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one JSON object on stdout too, like every other outcome; the usage goes to stderr."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        _print({"error": "BAD_ARGUMENT", "message": f"{self.prog}: {message}"})
+        sys.exit(EXIT_TRANSPORT)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="smartcache-cli",
         description="Send one request to a running smartcache service and print the reply as JSON.",
         epilog=__doc__[__doc__.index("Endpoint:") :] if __doc__ else None,

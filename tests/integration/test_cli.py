@@ -81,8 +81,11 @@ def test_data_that_is_not_json_is_refused_unless_raw(svc: Running) -> None:
     client = f"cli-{uuid.uuid4()}"
     refused = run("smartcache-cli", "--endpoint", svc.endpoint, "session-create", client, "--data", "{step: 1")
     assert refused.returncode == 2
-    assert "not valid JSON" in refused.stderr
-    assert "--raw" in refused.stderr
+    error = json.loads(refused.stdout)
+    assert error["error"] == "BAD_ARGUMENT"
+    assert "not valid JSON" in error["message"]
+    assert "--raw" in error["message"]
+    assert refused.stderr.startswith("usage: smartcache-cli")
     assert cli(svc, "session-list", client)[1]["sessions"] == []  # nothing was sent
     code, created = cli(svc, "session-create", client, "--data", "{step: 1", "--raw")
     assert code == 0
@@ -95,10 +98,12 @@ def test_cache_put_data_is_json_too(svc: Running) -> None:
     assert cli(svc, "cache-get", "k-cli")[1]["data"] == "yes"
 
 
-def test_a_bad_session_id_is_a_usage_error() -> None:
+def test_a_bad_session_id_is_a_bad_argument() -> None:
     done = run("smartcache-cli", "session-get", "not-a-uuid")
     assert done.returncode == 2
-    assert "not a session id" in done.stderr
+    error = json.loads(done.stdout)
+    assert error["error"] == "BAD_ARGUMENT"
+    assert "not a session id" in error["message"]
     assert "Traceback" not in done.stderr
 
 
@@ -116,11 +121,20 @@ def test_a_timeout_names_the_endpoint_it_tried() -> None:
     assert endpoint in out["message"]
 
 
-def test_a_malformed_endpoint_is_a_usage_error() -> None:
+def test_a_malformed_endpoint_is_a_bad_argument() -> None:
     done = run("smartcache-cli", "--endpoint", "localhost:5555", "ping")
     assert done.returncode == 2
-    assert "localhost:5555" in done.stderr
+    error = json.loads(done.stdout)
+    assert error["error"] == "BAD_ARGUMENT"
+    assert "localhost:5555" in error["message"]
     assert "Traceback" not in done.stderr
+
+
+def test_a_missing_argument_is_a_bad_argument_too() -> None:
+    done = run("smartcache-cli", "products-get", "client-7")
+    assert done.returncode == 2
+    assert json.loads(done.stdout)["error"] == "BAD_ARGUMENT"
+    assert "data_type" in done.stderr  # the usage
 
 
 def test_cli_help_documents_endpoint_and_exit_codes() -> None:
