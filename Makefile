@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 
-.PHONY: help run test lint fmt bench clean reset-data sysdeps venv lua-test
+.PHONY: help run test lint fmt bench clean reset-data sysdeps venv lua-test docker-test
 .DEFAULT_GOAL := help
 
 help:  ## list the targets (this text)
@@ -44,11 +44,15 @@ lua-test: sysdeps  ## Lua tap tests only (lua/tests/*_test.lua)
 		echo "== $$t"; (cd lua && tarantool "tests/$$(basename $$t)") || exit 1; \
 	done
 
-lint: venv  ## ruff (check + format), mypy strict on service/, luacheck on lua/
+lint: venv  ## ruff (check + format), mypy strict on service/, luacheck on lua/, promtool on the alert rules
 	$(VENV)/bin/ruff check service tests loadtest
 	$(VENV)/bin/ruff format --check service tests loadtest
 	$(VENV)/bin/mypy service
 	luacheck lua
+	$(VENV)/bin/ruff check docker && $(VENV)/bin/ruff format --check docker
+	@command -v promtool >/dev/null || { echo "installing: prometheus (promtool)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	promtool check rules docker/prometheus/alerts.yml
 
 fmt: venv  ## ruff format and autofix
 	$(VENV)/bin/ruff format service tests loadtest
@@ -56,6 +60,9 @@ fmt: venv  ## ruff format and autofix
 
 bench: venv  ## session scenario through the service at W=1/16/128 vs direct (about 45 s; var/bench.json)
 	$(PY) -m loadtest bench
+
+docker-test: venv  ## images, the compose stack, end-to-end smoke suite, all torn down (KEEP_IMAGES=1 keeps images)
+	bash docker/test.sh
 
 reset-data:  ## wipe var/ (Tarantool data, logs, bench results), keep .venv; stop make run first
 	rm -rf var

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# `make docker-test`: build the images, bring the compose stack up, run the
+# end-to-end smoke suite (docker/test_smoke.py) from the host against ports
+# published on 127.0.0.1, and tear everything down: containers, networks, volumes,
+# and the images this run built (KEEP_IMAGES=1 keeps them for the next run).
+#
+# Works on a fresh Debian 12 machine as root with no image registry reachable:
+# installs docker.io, docker-compose and debootstrap when missing; starts dockerd
+# when none runs (and stops that one, by its PID, at the end); builds the base
+# image with docker/build-base.sh when debian:bookworm-slim cannot be had.
+#
+# Variables: BASE_IMAGE (skip the base image search), KEEP_IMAGES=1,
+# SMARTCACHE_TAG (image tag, default dtest), COMPOSE_PROJECT_NAME (default
+# smartcache-dtest), PY (python with pytest, default .venv/bin/python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+KEEP_IMAGES=${KEEP_IMAGES:-0}
+export SMARTCACHE_TAG=${SMARTCACHE_TAG:-dtest}
+export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-smartcache-dtest}
+IMAGES="smartcache/service smartcache/backend smartcache/tarantool smartcache/prometheus"
+BASE_TAG=smartcache-base:bookworm
+DOCKERD_WAIT_S=60
+
+t0=$(date +%s)
+work=$(mktemp -d /tmp/smartcache-docker-test.XXXXXX)
+say() { echo "docker-test [$(($(date +%s) - t0)) s] $*"; }
+
+# --- tools ---------------------------------------------------------------------
+missing=""
+command -v dockerd >/dev/null || missing="$missing docker.io"
+command -v debootstrap >/dev/null || missing="$missing debootstrap"
+if docker compose version >/dev/null 2>&1; then
+    compose=(docker compose)
+else
+    command -v docker-compose >/dev/null || missing="$missing docker-compose"
+    compose=(docker-compose)
+fi
+if [ -n "$missing" ]; then
+    say "installing:$missing"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+export SMOKE_COMPOSE="${compose[*]}"
+
+# --- teardown, whatever happens from here on -------------------------------------
+dockerd_pid=""
+built_base=""
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ -n "${stack_up:-}" ]; then
+        if [ "$rc" != 0 ]; then
+            say "FAILED: container states and last log lines"
+            "${compose[@]}" ps || true
+            "${compose[@]}" logs --no-color --tail=40 >"$work/compose.log" 2>&1 || true
+            tail -n 200 "$work/compose.log" || true
+        fi
+        say "tearing down (containers, networks, volumes)"
+        "${compose[@]}" down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1 || true
+    fi
+    if [ "$KEEP_IMAGES" != 1 ] && docker info >/dev/null 2>&1; then
+        say "removing the images this run built"
+        for image in $IMAGES; do docker rmi "$image:$SMARTCACHE_TAG" >/dev/null 2>&1 || true; done
+        docker image prune -f --filter label=org.smartcache.stage=build >/dev/null 2>&1 || true
+        if [ -n "$built_base" ]; then docker rmi "$BASE_TAG" >/dev/null 2>&1 || true; fi
+    fi
+    if [ -n "$dockerd_pid" ]; then
+        say "stopping the dockerd this run started (pid $dockerd_pid)"
+        kill -TERM "$dockerd_pid" 2>/dev/null || true
+        for _ in $(seq 60); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.5; done
+        kill -0 "$dockerd_pid" 2>/dev/null && kill -KILL "$dockerd_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+    say "exit $rc"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- dockerd ---------------------------------------------------------------------
+if ! docker info >/dev/null 2>&1; then
+    say "starting dockerd (log $work/dockerd.log)"
+    dockerd >"$work/dockerd.log" 2>&1 &
+    dockerd_pid=$!
+    for _ in $(seq $((DOCKERD_WAIT_S * 2))); do
+        docker info >/dev/null 2>&1 && break
+        kill -0 "$dockerd_pid" 2>/dev/null || { tail -20 "$work/dockerd.log"; exit 1; }
+        sleep 0.5
+    done
+    docker info >/dev/null 2>&1 || { tail -20 "$work/dockerd.log"; exit 1; }
+fi
+
+# --- base image ------------------------------------------------------------------
+if [ -z "${BASE_IMAGE:-}" ]; then
+    if docker image inspect debian:bookworm-slim >/dev/null 2>&1 ||
+        timeout 120 docker pull -q debian:bookworm-slim >/dev/null 2>&1; then
+        BASE_IMAGE=debian:bookworm-slim
+    else
+        say "debian:bookworm-slim cannot be pulled: building $BASE_TAG from Debian packages"
+        docker image inspect "$BASE_TAG" >/dev/null 2>&1 || built_base=1
+        docker/build-base.sh "$BASE_TAG"
+        BASE_IMAGE=$BASE_TAG
+    fi
+fi
+export BASE_IMAGE
+say "base image: $BASE_IMAGE"
+
+# --- ports: free ones on 127.0.0.1 (others may run `make run` on this machine) ---
+eval "$(python3 - <<'EOF'
+import socket
+names = """SERVICE_1_PORT SERVICE_2_PORT SERVICE_1_METRICS_PORT SERVICE_2_METRICS_PORT
+TARANTOOL_1_PORT TARANTOOL_2_PORT TARANTOOL_3_PORT TARANTOOL_1_HTTP_PORT TARANTOOL_2_HTTP_PORT
+TARANTOOL_3_HTTP_PORT BACKEND_PORT PROMETHEUS_PORT""".split()
+socks = [socket.socket() for _ in names]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+for name, s in zip(names, socks):
+    print(f"export {name}={s.getsockname()[1]}")
+for s in socks:
+    s.close()
+EOF
+)"
+export PUBLISH_ADDR=127.0.0.1
+
+# --- build -----------------------------------------------------------------------
+"${compose[@]}" config -q
+say "compose file valid; building images (log $work/build.log)"
+b0=$(date +%s)
+if ! "${compose[@]}" build >"$work/build.log" 2>&1; then
+    tail -60 "$work/build.log"
+    exit 1
+fi
+build_s=$(($(date +%s) - b0))
+say "images built in $build_s s:"
+for image in $IMAGES; do
+    printf '  %-24s %6s MB  user %s\n' "$image:$SMARTCACHE_TAG" \
+        "$(docker image inspect -f '{{.Size}}' "$image:$SMARTCACHE_TAG" | awk '{printf "%.0f", $1 / 1e6}')" \
+        "$(docker image inspect -f '{{.Config.User}}' "$image:$SMARTCACHE_TAG")"
+done
+
+# --- up, smoke, down -------------------------------------------------------------
+stack_up=1
+say "starting the stack (project $COMPOSE_PROJECT_NAME)"
+"${compose[@]}" up -d --no-build >"$work/up.log" 2>&1 || { cat "$work/up.log"; exit 1; }
+s0=$(date +%s)
+"$PY" -m pytest -p no:cacheprovider --durations=0 -rA docker/test_smoke.py
+say "smoke suite passed in $(($(date +%s) - s0)) s (build $build_s s)"
