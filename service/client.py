@@ -12,6 +12,14 @@ with a data-level status (NOT_FOUND, CONFLICT...) is returned; a transport
 error (QUEUE_FULL, EXPIRED...) raises :class:`RequestError`; no reply in time
 raises :class:`RequestTimeout`. A socket belongs to the thread (or event loop)
 that created the client.
+
+Retries (``retries=N``, default 0): a request refused without being executed
+(QUEUE_FULL, EXPIRED, STORAGE_UNAVAILABLE, SHUTTING_DOWN) is sent again, after
+a short backoff, up to N times. One whose outcome is unknown (OUTCOME_UNKNOWN,
+INTERNAL, no reply in time) is sent again only when repeating it is safe: the
+type is idempotent, or the request carries an ``idempotency_key``. With
+retries on, every write without a key gets one (a random UUID, the same for
+all its attempts), so storage applies it once however often it is sent.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import itertools
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -32,6 +40,7 @@ from service.errors import ProtocolError, RequestError, RequestTimeout
 from service.protocol import (
     FLAG_DATA_ERROR,
     FLAG_NO_REPLY,
+    HEADER_STRUCT,
     NO_SESSION,
     REGISTRY,
     Header,
@@ -39,9 +48,27 @@ from service.protocol import (
     decode_header,
     encode_body,
     encode_header,
+    frame_request_id,
 )
 
 DEFAULT_TIMEOUT_S = 5.0
+RETRY_BACKOFF_FIRST_S = 0.02
+RETRY_BACKOFF_MAX_S = 0.5
+#: transport errors that say the request was not executed: always safe to send again
+RETRY_ALWAYS = frozenset(e for e, done in REGISTRY.executed.items() if done == "no") - frozenset(
+    {
+        "NONE",
+        "BAD_HEADER",
+        "UNSUPPORTED_VERSION",
+        "UNKNOWN_SYSTEM",
+        "UNKNOWN_TYPE",
+        "BODY_TOO_LARGE",
+        "BAD_BODY",
+        "BAD_FRAMES",
+    }
+)
+#: outcomes that may have been executed: safe to send again only for idempotent requests
+RETRY_IF_IDEMPOTENT = frozenset(e for e, done in REGISTRY.executed.items() if done == "unknown") | {"TIMEOUT"}
 
 SessionId = bytes | uuid.UUID | str
 
@@ -100,6 +127,30 @@ def _decode_reply(frames: list[bytes]) -> Reply:
     return reply
 
 
+def is_write(type_name: str) -> bool:
+    """A type that changes data: it takes an idempotency_key (registry)."""
+    return any(f.name == "idempotency_key" for f in REGISTRY.types[type_name].request)
+
+
+def _retryable(error: RequestError, type_name: str, body: Mapping[str, Any] | None) -> bool:
+    if error.transport_error in RETRY_ALWAYS:
+        return True
+    if error.transport_error not in RETRY_IF_IDEMPOTENT:
+        return False
+    return REGISTRY.types[type_name].idempotent or bool(body and body.get("idempotency_key"))
+
+
+def _with_key(type_name: str, body: Mapping[str, Any] | None, retries: int) -> Mapping[str, Any] | None:
+    """With retries on, a write gets an idempotency key for all its attempts."""
+    if retries and is_write(type_name) and not (body and body.get("idempotency_key")):
+        return {**(body or {}), "idempotency_key": uuid.uuid4().hex}
+    return body
+
+
+def _backoff_s(attempt: int) -> float:
+    return float(min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_FIRST_S * 2**attempt))
+
+
 def _frames(
     type_name: str,
     body: Mapping[str, Any] | None,
@@ -149,24 +200,37 @@ class _Helpers(ABC, Generic[R]):
         ttl_s: int | None = None,
         version: str | None = None,
         session_id: SessionId | None = None,
+        idempotency_key: str | None = None,
     ) -> R:
-        body = {"client_id": client_id, "data": data, "ttl_s": ttl_s, "version": version}
+        body = {
+            "client_id": client_id,
+            "data": data,
+            "ttl_s": ttl_s,
+            "version": version,
+            "idempotency_key": idempotency_key,
+        }
         return self.call("SESSION_CREATE", body, session_id=session_id)
 
     def session_get(self, session_id: SessionId) -> R:
         return self.call("SESSION_GET", session_id=session_id)
 
-    def session_touch(self, session_id: SessionId) -> R:
-        return self.call("SESSION_TOUCH", session_id=session_id)
+    def session_touch(self, session_id: SessionId, *, idempotency_key: str | None = None) -> R:
+        return self.call("SESSION_TOUCH", {"idempotency_key": idempotency_key}, session_id=session_id)
 
     def session_update(
-        self, session_id: SessionId, data: Any, *, expected_rev: int | None = None, version: str | None = None
+        self,
+        session_id: SessionId,
+        data: Any,
+        *,
+        expected_rev: int | None = None,
+        version: str | None = None,
+        idempotency_key: str | None = None,
     ) -> R:
-        body = {"data": data, "expected_rev": expected_rev, "version": version}
+        body = {"data": data, "expected_rev": expected_rev, "version": version, "idempotency_key": idempotency_key}
         return self.call("SESSION_UPDATE", body, session_id=session_id)
 
-    def session_delete(self, session_id: SessionId) -> R:
-        return self.call("SESSION_DELETE", session_id=session_id)
+    def session_delete(self, session_id: SessionId, *, idempotency_key: str | None = None) -> R:
+        return self.call("SESSION_DELETE", {"idempotency_key": idempotency_key}, session_id=session_id)
 
     def session_list(self, client_id: str) -> R:
         return self.call("SESSION_LIST", {"client_id": client_id})
@@ -179,18 +243,20 @@ class _Helpers(ABC, Generic[R]):
         session_id: SessionId | None = None,
         data_type: int | None = None,
         ttl_s: int | None = None,
+        idempotency_key: str | None = None,
     ) -> R:
-        body = {"key": key, "data": data, "data_type": data_type, "ttl_s": ttl_s}
+        body = {"key": key, "data": data, "data_type": data_type, "ttl_s": ttl_s, "idempotency_key": idempotency_key}
         return self.call("CACHE_PUT", body, session_id=session_id)
 
     def cache_get(self, key: str, *, session_id: SessionId | None = None) -> R:
         return self.call("CACHE_GET", {"key": key}, session_id=session_id)
 
-    def cache_delete(self, key: str, *, session_id: SessionId | None = None) -> R:
-        return self.call("CACHE_DELETE", {"key": key}, session_id=session_id)
+    def cache_delete(self, key: str, *, session_id: SessionId | None = None, idempotency_key: str | None = None) -> R:
+        return self.call("CACHE_DELETE", {"key": key, "idempotency_key": idempotency_key}, session_id=session_id)
 
-    def device_bind(self, device_id: str, client_id: str) -> R:
-        return self.call("DEVICE_BIND", {"device_id": device_id, "client_id": client_id})
+    def device_bind(self, device_id: str, client_id: str, *, idempotency_key: str | None = None) -> R:
+        body = {"device_id": device_id, "client_id": client_id, "idempotency_key": idempotency_key}
+        return self.call("DEVICE_BIND", body)
 
     def device_lookup(self, device_id: str) -> R:
         return self.call("DEVICE_LOOKUP", {"device_id": device_id})
@@ -207,9 +273,12 @@ class Client(_Helpers[Reply]):
         endpoint: str,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = 0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
+        """timeout_s: per attempt; retries: see the module docstring."""
         self.timeout_s = timeout_s
+        self.retries = retries
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -271,7 +340,16 @@ class Client(_Helpers[Reply]):
         lifetime_ms: int = 0,
         timeout_s: float | None = None,
     ) -> Reply:
-        return self.wait(self.send(type_name, body, session_id=session_id, lifetime_ms=lifetime_ms), timeout_s)
+        body = _with_key(type_name, body, self.retries)
+        attempt = 0
+        while True:
+            try:
+                return self.wait(self.send(type_name, body, session_id=session_id, lifetime_ms=lifetime_ms), timeout_s)
+            except RequestError as e:
+                if attempt >= self.retries or not _retryable(e, type_name, body):
+                    raise
+            time.sleep(_backoff_s(attempt))
+            attempt += 1
 
     def app_start(self, device_id: str) -> None:
         """Tell the service the app started on this device; never answered."""
@@ -291,9 +369,23 @@ class Client(_Helpers[Reply]):
 def _request_id_of(frames: list[bytes]) -> int:
     """Best-effort request id of an undecodable reply (0 when even that fails)."""
     for f in frames:
-        if len(f) == 36:
-            return int.from_bytes(f[12:20], "big")
+        if len(f) == HEADER_STRUCT.size:
+            return frame_request_id(f)
     return 0
+
+
+async def _retrying(
+    attempt_once: Callable[[], Awaitable[Reply]], type_name: str, body: Mapping[str, Any] | None, retries: int
+) -> Reply:
+    attempt = 0
+    while True:
+        try:
+            return await attempt_once()
+        except RequestError as e:
+            if attempt >= retries or not _retryable(e, type_name, body):
+                raise
+        await asyncio.sleep(_backoff_s(attempt))
+        attempt += 1
 
 
 class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
@@ -303,9 +395,16 @@ class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
     """
 
     def __init__(
-        self, endpoint: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, context: zmq.asyncio.Context | None = None
+        self,
+        endpoint: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = 0,
+        context: zmq.asyncio.Context | None = None,
     ) -> None:
+        """timeout_s: per attempt; retries: see the module docstring."""
         self.timeout_s = timeout_s
+        self.retries = retries
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -322,6 +421,26 @@ class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
         session_id: SessionId | None = None,
         lifetime_ms: int = 0,
         timeout_s: float | None = None,
+    ) -> asyncio.Future[Reply]:
+        if not self.retries:
+            return self._attempt(type_name, body, session_id, lifetime_ms, timeout_s)
+        body = _with_key(type_name, body, self.retries)
+        return asyncio.ensure_future(
+            _retrying(
+                lambda: self._attempt(type_name, body, session_id, lifetime_ms, timeout_s),
+                type_name,
+                body,
+                self.retries,
+            )
+        )
+
+    def _attempt(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None,
+        session_id: SessionId | None,
+        lifetime_ms: int,
+        timeout_s: float | None,
     ) -> asyncio.Future[Reply]:
         loop = asyncio.get_running_loop()
         if self._reader is None:

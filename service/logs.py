@@ -19,10 +19,13 @@ from structlog.typing import Processor
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def configure(level: str = "info", stream: TextIO | None = None, *, console: bool | None = None) -> None:
+def configure(
+    level: str = "info", stream: TextIO | None = None, *, console: bool | None = None, cache: bool = True
+) -> None:
     """timestamp, level, event, bound context (request_id...), one line each.
 
     console: coloured, human-readable lines; by default when the stream is a terminal, else JSON.
+    cache: loggers keep their configuration after first use (fast); tests that configure again pass False.
     """
     out = stream or sys.stdout
     if console is None:
@@ -44,5 +47,5 @@ def configure(level: str = "info", stream: TextIO | None = None, *, console: boo
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
         logger_factory=structlog.WriteLoggerFactory(out),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )

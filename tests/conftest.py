@@ -15,11 +15,18 @@ from pathlib import Path
 import pytest
 import tarantool
 
+from service import logs
 from service.app import Service
 from service.client import Client
 from service.config import Settings
 from service.devstack import Tarantool, free_port
 from service.handlers import HANDLERS, Context, Handler, Request
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _reconfigurable_logs() -> None:
+    """Loggers that never cache their configuration, so a test may capture logs after others logged."""
+    logs.configure("debug", cache=False)
 
 
 @contextlib.contextmanager

@@ -206,9 +206,10 @@ def test_queue_full_is_answered_at_once(storage: Tarantool) -> None:
     probe = SlowProbe()
     with running_service(service_settings(storage, workers=1, queue_capacity=2), probe.handlers()) as r:
         c = r.client
-        busy = c.send("DEVICE_LOOKUP", {"device_id": "sleep:1500"})
+        # Lifetimes far beyond the sleep: only the queue's capacity is under test, not a slow machine.
+        busy = c.send("DEVICE_LOOKUP", {"device_id": "sleep:1500"}, lifetime_ms=20_000)
         probe.wait_running(1)
-        queued = [c.send("CACHE_GET", {"key": f"q{i}"}) for i in range(2)]
+        queued = [c.send("CACHE_GET", {"key": f"q{i}"}, lifetime_ms=20_000) for i in range(2)]
         full = c.send("CACHE_GET", {"key": "one-too-many"})
         with pytest.raises(RequestError) as e:
             c.wait(full, timeout_s=1.0)  # well before the slow one ends
@@ -384,7 +385,7 @@ def test_log_lines_of_a_request_carry_its_request_id(storage: Tarantool) -> None
         raise RuntimeError("boom")
 
     out = io.StringIO()
-    logs.configure("info", out)
+    logs.configure("info", out, cache=False)
     with running_service(service_settings(storage), {**HANDLERS, "DEVICE_LOOKUP": broken}) as r:
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)

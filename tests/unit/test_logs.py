@@ -30,7 +30,7 @@ def _fail_with_customer_data() -> None:
 
 def test_json_traceback_names_the_exception_but_not_local_values() -> None:
     out = io.StringIO()
-    logs.configure("info", out)
+    logs.configure("info", out, cache=False)
     try:
         _fail_with_customer_data()
     except ValueError:
@@ -46,7 +46,7 @@ def test_json_traceback_names_the_exception_but_not_local_values() -> None:
 
 def test_a_terminal_gets_coloured_readable_lines() -> None:
     out = Terminal()
-    logs.configure("info", out)
+    logs.configure("info", out, cache=False)
     structlog.get_logger().info("service_started", workers=100)
     line = out.getvalue()
     assert "\x1b[" in line  # ANSI colour
@@ -58,7 +58,7 @@ def test_a_terminal_gets_coloured_readable_lines() -> None:
 
 def test_a_terminal_traceback_has_no_local_values() -> None:
     out = Terminal()
-    logs.configure("info", out)
+    logs.configure("info", out, cache=False)
     try:
         _fail_with_customer_data()
     except ValueError:
@@ -69,6 +69,6 @@ def test_a_terminal_traceback_has_no_local_values() -> None:
 
 def test_a_pipe_or_file_gets_json() -> None:
     out = io.StringIO()
-    logs.configure("debug", out)
+    logs.configure("debug", out, cache=False)
     structlog.get_logger().debug("request", type="PING")
     assert json.loads(out.getvalue())["type"] == "PING"

@@ -18,13 +18,23 @@ from service.errors import (
     UnsupportedVersion,
 )
 from service.protocol import (
+    FLAG_DATA_ERROR,
+    FLAG_NO_REPLY,
     HEADER_STRUCT,
+    NO_SESSION,
+    OFFSET,
     REGISTRY,
     Header,
     decode_body,
     decode_header,
     encode_body,
     encode_header,
+    frame_no_reply,
+    frame_request_id,
+    frame_type,
+    with_flags,
+    with_session,
+    with_transport_error,
 )
 
 type_ids = st.sampled_from(sorted(REGISTRY.types_by_id))
@@ -199,3 +209,66 @@ def test_reply_header_echoes_request_id_and_session() -> None:
     req = Header.request(REGISTRY.types["SESSION_GET"].id, request_id=42, session_id=b"s" * 16, lifetime_ms=9)
     rep = req.reply(transport_error=8, flags=1)
     assert (rep.request_id, rep.session_id, rep.type, rep.transport_error, rep.flags) == (42, b"s" * 16, req.type, 8, 1)
+
+
+@given(bodies, st.integers(0, 2**34), st.data())
+def test_a_timestamp_anywhere_in_a_body_is_bad_body(body: dict, seconds: int, data: st.DataObject) -> None:
+    """msgpack decodes extension -1 itself (no ext_hook): the codec must still refuse it."""
+    path = data.draw(st.lists(st.sampled_from(["map", "list"]), max_size=5))
+    value: object = msgpack.Timestamp(seconds, 0)
+    for kind in reversed(path):
+        value = {"k": value} if kind == "map" else [1, value]
+    with pytest.raises(BadBody):
+        decode_body(msgpack.packb({**body, "data": value}, use_bin_type=True))
+
+
+def test_arrays_count_toward_the_nesting_limit() -> None:
+    nested: object = 1
+    for _ in range(REGISTRY.max_depth):
+        nested = [nested]
+    with pytest.raises(BadBody):
+        decode_body(encode_body({"k": nested}))
+
+
+@given(valid_headers.filter(lambda h: h.transport_error == 0), terr_codes)
+def test_error_patch_equals_a_decoded_reply(h: Header, terr: int) -> None:
+    """The fast header patch gives the same frame as decoding, replying and encoding."""
+    frame = with_transport_error(encode_header(h), terr)
+    spec = REGISTRY.types_by_id[h.type]
+    expected = h.reply(transport_error=terr, flags=FLAG_DATA_ERROR)
+    if spec.creates_session:
+        expected = expected._replace(session_id=NO_SESSION)
+    assert decode_header(frame) == expected
+
+
+@given(valid_headers, st.integers(0, 3), st.binary(min_size=16, max_size=16))
+def test_flag_and_session_patches_change_only_their_field(h: Header, flags: int, sid: bytes) -> None:
+    frame = encode_header(h)
+    assert decode_header(with_flags(frame, flags)) == h._replace(flags=flags)
+    assert decode_header(with_session(frame, sid)) == h._replace(session_id=sid)
+    assert frame_request_id(frame) == h.request_id
+    assert frame_type(frame) == h.type
+
+
+@given(st.binary(max_size=40), valid_headers)
+def test_no_reply_rule(frame: bytes, h: Header) -> None:
+    """No answer exactly when a 36-byte frame has NO_REPLY set or addresses APP_START (PROTOCOL.md 4)."""
+    assert not frame_no_reply(frame) or (len(frame) == HEADER_STRUCT.size)
+    encoded = encode_header(h)
+    app_start = h.type == REGISTRY.types["APP_START"].id
+    assert frame_no_reply(encoded) == bool(h.flags & FLAG_NO_REPLY or app_start)
+
+
+def test_header_offsets_match_the_spec_table() -> None:
+    """PROTOCOL.md section 4: the offsets a client written from the spec uses."""
+    assert OFFSET == {
+        "version": 0,
+        "system": 1,
+        "type": 2,
+        "transport_error": 4,
+        "flags": 6,
+        "reserved": 7,
+        "lifetime_ms": 8,
+        "request_id": 12,
+        "session_id": 20,
+    }
