@@ -97,7 +97,7 @@ if [ -z "${BASE_IMAGE:-}" ]; then
         timeout 120 docker pull -q debian:bookworm-slim >/dev/null 2>&1; then
         BASE_IMAGE=debian:bookworm-slim
     else
-        say "debian:bookworm-slim cannot be pulled: building $BASE_TAG from Debian packages"
+        say "debian:bookworm-slim cannot be pulled: using $BASE_TAG, built from Debian packages"
         docker image inspect "$BASE_TAG" >/dev/null 2>&1 || built_base=1
         docker/build-base.sh "$BASE_TAG"
         BASE_IMAGE=$BASE_TAG

@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -23,6 +24,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -49,6 +51,12 @@ T = TypeVar("T")
 
 def port(name: str) -> int:
     return int(os.environ[name])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def endpoint(n: int) -> str:
@@ -296,6 +304,48 @@ def test_metrics_of_every_instance_are_visible_through_prometheus() -> None:
         return True
 
     eventually(quiet, 60, "no alert pending or firing in the steady state", 1.0)
+
+
+@pytest.mark.timeout(180)
+def test_backup_by_snapshot_and_copy_restores_into_a_new_instance(
+    clients: tuple[Client, Client, Client], tmp_path: Path
+) -> None:
+    """The backup and restore of docker/README.md: SIGUSR1 makes Tarantool write a
+    snapshot (box.snapshot()), `docker cp` copies it out of the running container; a
+    new volume filled from the copy starts a standalone instance with the same sessions."""
+    sids = create_sessions(clients[2], 5, "before-backup")
+    master = container("tarantool-1")
+    snaps_before = set(docker("exec", master, "ls", "/var/lib/smartcache").split())
+    docker("kill", "--signal", "USR1", master)
+    new_snap = eventually(
+        lambda: (
+            {f for f in docker("exec", master, "ls", "/var/lib/smartcache").split() if f.endswith(".snap")}
+            - snaps_before
+        ),
+        30,
+        "a new snapshot",
+    )
+    docker("cp", f"{master}:/var/lib/smartcache/{min(new_snap)}", str(tmp_path / "backup.snap"))
+
+    image = inspect("tarantool-1")["Config"]["Image"]
+    volume, name = f"{PROJECT}_restore-probe", f"{PROJECT}-restore-probe"
+    http_port = free_port()
+    try:
+        docker("volume", "create", volume)
+        docker(
+            "run", "--rm", "--user", "0", "--entrypoint", "sh",
+            "-v", f"{volume}:/data", "-v", f"{tmp_path}:/backup:ro", image,
+            "-c", f"cp /backup/backup.snap /data/{min(new_snap)} && chown -R 10001:10001 /data",
+        )  # fmt: skip
+        docker("run", "-d", "--name", name, "-v", f"{volume}:/var/lib/smartcache",
+               "-p", f"127.0.0.1:{http_port}:8301", image)  # fmt: skip
+        url = f"http://127.0.0.1:{http_port}"
+        eventually(lambda: get_json(url + "/health")[0] == 200, 60, "restored instance up")
+        missing = [s for s in sids if get_json(f"{url}/sessions/{s}")[0] != 200]
+        assert not missing, f"not in the restored instance: {missing}"
+    finally:
+        subprocess.run(["docker", "rm", "-fv", name], capture_output=True, check=False)  # noqa: S607
+        subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True, check=False)  # noqa: S607
 
 
 @pytest.mark.timeout(420)
