@@ -44,19 +44,20 @@ lua-test: sysdeps  ## Lua tap tests only (lua/tests/*_test.lua)
 		echo "== $$t"; (cd lua && tarantool "tests/$$(basename $$t)") || exit 1; \
 	done
 
-lint: venv  ## ruff (check + format), mypy strict on service/, luacheck on lua/, promtool on the alert rules
-	$(VENV)/bin/ruff check service tests loadtest
-	$(VENV)/bin/ruff format --check service tests loadtest
-	$(VENV)/bin/mypy service
+lint: venv  ## ruff (check + format), mypy strict on service/, luacheck on lua/, PROTOCOL.md tables vs the registry, promtool on the alert rules
+	$(VENV)/bin/ruff check service tests loadtest devtools
+	$(VENV)/bin/ruff format --check service tests loadtest devtools
+	$(VENV)/bin/mypy service devtools
 	luacheck lua
+	$(PY) -m devtools.protocol_doc --check
 	$(VENV)/bin/ruff check docker && $(VENV)/bin/ruff format --check docker
 	@command -v promtool >/dev/null || { echo "installing: prometheus (promtool)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	promtool check rules docker/prometheus/alerts.yml
 
 fmt: venv  ## ruff format and autofix
-	$(VENV)/bin/ruff format service tests loadtest
-	$(VENV)/bin/ruff check --fix service tests loadtest
+	$(VENV)/bin/ruff format service tests loadtest devtools
+	$(VENV)/bin/ruff check --fix service tests loadtest devtools
 
 bench: venv  ## session scenario through the service at W=1/16/128 vs direct (about 45 s; var/bench.json)
 	$(PY) -m loadtest bench

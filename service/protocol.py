@@ -138,6 +138,8 @@ class Registry:
     storage_only_statuses: frozenset[str] = frozenset()
     #: transport error -> whether the message may have been executed: "yes", "no" or "unknown"
     executed: Mapping[str, str] = field(default_factory=dict)
+    #: status or transport error name -> its meaning (for PROTOCOL.md's tables)
+    docs: Mapping[str, str] = field(default_factory=dict)
 
 
 def _fields(table: Mapping[str, str]) -> tuple[FieldSpec, ...]:
@@ -211,6 +213,7 @@ def load_registry(path: Path = REGISTRY_PATH) -> Registry:
         data_error_statuses=frozenset(k for k, v in raw["statuses"].items() if v.get("data_error")),
         storage_only_statuses=frozenset(k for k, v in raw["statuses"].items() if v.get("storage_only")),
         executed={k: str(v["executed"]) for k, v in raw["transport_errors"].items()},
+        docs={k: str(v["doc"]) for table in ("statuses", "transport_errors") for k, v in raw[table].items()},
     )
 
 
