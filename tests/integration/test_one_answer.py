@@ -535,3 +535,39 @@ def test_a_full_disk_refuses_writes_as_storage_unavailable_reads_go_on_and_logs_
     assert events["storage_writes_recovered"] == 1
     assert "secret-data" not in out.getvalue()
     assert len(out.getvalue()) < 20_000
+
+
+def test_the_watchdog_answers_and_takes_back_a_slot_whose_worker_never_answers(storage: Tarantool) -> None:
+    """A worker thread whose loop is blocked cannot answer: the broker does, once, and the late
+    answer neither reaches the client nor frees the slot twice."""
+
+    running = {"now": 0, "max": 0}
+    blocked_done = threading.Event()
+
+    async def blocking(req: Request, ctx: Context) -> dict:
+        if req.body["device_id"] == "block":
+            try:
+                time.sleep(2.5)  # blocks this worker thread's whole event loop
+                return await ctx.storage.call("debug_sleep", [100])
+            finally:
+                blocked_done.set()
+        running["now"] += 1
+        running["max"] = max(running["max"], running["now"])
+        try:
+            return await ctx.storage.call("debug_sleep", [100])
+        finally:
+            running["now"] -= 1
+
+    settings = service_settings(storage, workers=1, worker_threads=1)
+    with running_service(settings, {**HANDLERS, "DEVICE_LOOKUP": blocking}) as r:
+        with pytest.raises(RequestError) as e:
+            r.client.call("DEVICE_LOOKUP", {"device_id": "block"}, lifetime_ms=300, timeout_s=5)
+        assert e.value.transport_error == "OUTCOME_UNKNOWN"
+        assert metric(r.metrics_url, "smartcache_watchdog_reclaimed_total") == 1
+        assert blocked_done.wait(10)
+        # The one slot works again, and is not counted twice: two at once still run one at a time.
+        rids = [r.client.send("DEVICE_LOOKUP", {"device_id": "after"}, lifetime_ms=5000) for _ in range(2)]
+        assert all(r.client.wait(rid).ok for rid in rids)
+        assert running["max"] == 1
+        eventually(lambda: _slots_all_free(r), what="slot free")
+        assert metric(r.metrics_url, "smartcache_workers_busy") == 0
