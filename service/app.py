@@ -78,9 +78,13 @@ class Service:
         return {"broker": self.broker.is_alive()}
 
     def ready(self) -> Mapping[str, bool]:
-        """/health/ready: every worker has its storage connection (later: and a leader is known)."""
+        """/health/ready: the broker runs and takes messages, every worker slot is announced, and
+        every worker's storage answers (later: and a leader is known)."""
+        dispatcher = self.broker.dispatcher
         return {
             "broker": self.broker.is_alive(),
+            "accepting": not self.broker.stopping,
+            "workers": len(dispatcher.free) + len(dispatcher.inflight) >= self.settings.workers,
             "storage": all(w.storage is not None and w.storage.connected for w in self.pool.workers),
         }
 

@@ -21,6 +21,7 @@ from service.client import Client
 from service.config import Settings
 from service.devstack import Tarantool, free_port
 from service.handlers import HANDLERS, Context, Handler, Request
+from tests.helpers import eventually
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -108,15 +109,8 @@ class Running:
         return f"http://127.0.0.1:{self.service.metrics_port}/metrics"
 
     def wait_workers(self, timeout_s: float = 10.0) -> None:
-        """Until every worker slot has announced itself and storage is connected (PING is the broker's)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if len(self.service.broker._free) == self.service.settings.workers and all(
-                w.storage is not None and w.storage.connected for w in self.service.pool.workers
-            ):
-                return
-            time.sleep(0.02)
-        raise TimeoutError("workers not ready")
+        """Until the service is ready: every worker slot announced, storage connected (PING is the broker's)."""
+        eventually(lambda: all(self.service.ready().values()), timeout_s, what="service ready")
 
 
 @contextlib.contextmanager
