@@ -54,19 +54,8 @@ from service.protocol import (
 DEFAULT_TIMEOUT_S = 5.0
 RETRY_BACKOFF_FIRST_S = 0.02
 RETRY_BACKOFF_MAX_S = 0.5
-#: transport errors that say the request was not executed: always safe to send again
-RETRY_ALWAYS = frozenset(e for e, done in REGISTRY.executed.items() if done == "no") - frozenset(
-    {
-        "NONE",
-        "BAD_HEADER",
-        "UNSUPPORTED_VERSION",
-        "UNKNOWN_SYSTEM",
-        "UNKNOWN_TYPE",
-        "BODY_TOO_LARGE",
-        "BAD_BODY",
-        "BAD_FRAMES",
-    }
-)
+#: transport errors that say the request was not executed (and was not malformed): always safe to send again
+RETRY_ALWAYS = frozenset(e for e, done in REGISTRY.executed.items() if done == "no") - REGISTRY.bad_input_errors
 #: outcomes that may have been executed: safe to send again only for idempotent requests
 RETRY_IF_IDEMPOTENT = frozenset(e for e, done in REGISTRY.executed.items() if done == "unknown") | {"TIMEOUT"}
 

@@ -59,7 +59,9 @@ SECRET = re.compile(r"password|token|secret|key", re.IGNORECASE)
 #: make run: added to every default port (and smartcache-cli's default endpoint), to move a whole stack at once
 PORT_OFFSET_VARIABLE = "SMARTCACHE_PORT_OFFSET"
 #: SMARTCACHE_* variables read by other programs (smartcache-cli, make run), not by the service
-OTHER_PROGRAMS_VARIABLES = frozenset({"SMARTCACHE_ENDPOINT", "SMARTCACHE_VAR", PORT_OFFSET_VARIABLE})
+OTHER_PROGRAMS_VARIABLES = frozenset(
+    {"SMARTCACHE_ENDPOINT", "SMARTCACHE_VAR", "SMARTCACHE_PROTOCOL", PORT_OFFSET_VARIABLE}
+)
 
 
 class SettingsError(ValueError):

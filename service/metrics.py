@@ -40,16 +40,8 @@ from service.protocol import REGISTRY
 
 PREFIX = "smartcache"
 REJECTION_REASONS = ("full", "evicted", "expired", "shutting_down")
-#: transport errors that mean the sender's input was malformed
-BAD_INPUT_ERRORS = (
-    "BAD_HEADER",
-    "UNSUPPORTED_VERSION",
-    "UNKNOWN_SYSTEM",
-    "UNKNOWN_TYPE",
-    "BODY_TOO_LARGE",
-    "BAD_BODY",
-    "BAD_FRAMES",
-)
+#: transport errors that mean the sender's input was malformed (the registry says which)
+BAD_INPUT_ERRORS = tuple(sorted(REGISTRY.bad_input_errors))
 #: fine below 10 ms, where the service lives; coarse above for outages
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: a health check: check name -> passing; healthy when every check passes

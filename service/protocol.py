@@ -10,6 +10,7 @@ subclass of :class:`service.errors.ProtocolError`, never anything else.
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 import struct
 import tomllib
@@ -29,9 +30,23 @@ from service.errors import (
     UnsupportedVersion,
 )
 
-REGISTRY_PATH = Path(
-    os.environ.get("SMARTCACHE_PROTOCOL", Path(__file__).resolve().parent.parent / "proto" / "protocol.toml")
-)
+
+def _registry_path() -> Path:
+    """SMARTCACHE_PROTOCOL, else the registry installed with the package (proto/ in a source tree)."""
+    override = os.environ.get("SMARTCACHE_PROTOCOL")
+    if override:
+        return Path(override)
+    try:
+        resource = importlib.resources.files("smartcache_proto").joinpath("protocol.toml")
+        with importlib.resources.as_file(resource) as path:
+            if path.exists():
+                return path
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parent.parent / "proto" / "protocol.toml"
+
+
+REGISTRY_PATH = _registry_path()
 
 #: The header, field by field (PROTOCOL.md section 4): the one place its layout is written.
 HEADER_FIELDS = (
@@ -138,6 +153,8 @@ class Registry:
     storage_only_statuses: frozenset[str] = frozenset()
     #: transport error -> whether the message may have been executed: "yes", "no" or "unknown"
     executed: Mapping[str, str] = field(default_factory=dict)
+    #: transport errors that mean the sender's message was malformed
+    bad_input_errors: frozenset[str] = frozenset()
     #: status or transport error name -> its meaning (for PROTOCOL.md's tables)
     docs: Mapping[str, str] = field(default_factory=dict)
 
@@ -213,6 +230,7 @@ def load_registry(path: Path = REGISTRY_PATH) -> Registry:
         data_error_statuses=frozenset(k for k, v in raw["statuses"].items() if v.get("data_error")),
         storage_only_statuses=frozenset(k for k, v in raw["statuses"].items() if v.get("storage_only")),
         executed={k: str(v["executed"]) for k, v in raw["transport_errors"].items()},
+        bad_input_errors=frozenset(k for k, v in raw["transport_errors"].items() if v.get("bad_input")),
         docs={k: str(v["doc"]) for table in ("statuses", "transport_errors") for k, v in raw[table].items()},
     )
 
