@@ -3,9 +3,15 @@
 Start-up order (the brief): command line (``--help``, ``--version``: nothing
 else starts); logger; settings from the environment (every bad variable named
 in one ``bad_settings`` line, exit 2); the effective settings logged, secrets
-hidden; metrics and health HTTP server; worker threads (each opens its storage
-connection); the broker loop. SIGTERM or SIGINT starts a graceful stop; the
-exit code is 0 when every accepted message was answered.
+hidden; metrics and health HTTP server; worker threads (each starts connecting
+to storage in the background); the broker loop. SIGTERM or SIGINT starts a
+graceful stop.
+
+Exit codes: 0 after a stop, whether or not the drain finished in time -- a
+message still queued or running at the drain deadline has been answered
+(SHUTTING_DOWN or OUTCOME_UNKNOWN) and the stop is logged as
+``broker_drain_incomplete``; 1 when a port cannot be bound or the broker dies;
+2 on bad settings.
 """
 
 from __future__ import annotations

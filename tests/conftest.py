@@ -150,10 +150,7 @@ class SlowProbe:
 
     def wait_running(self, n: int, timeout_s: float = 10.0) -> None:
         """Until n slow calls are in progress (the worker slot is taken)."""
-        deadline = time.monotonic() + timeout_s
-        while self.running < n:
-            assert time.monotonic() < deadline, "slow call did not start"
-            time.sleep(0.005)
+        eventually(lambda: self.running >= n, timeout_s, interval_s=0.005, what=f"{n} slow calls running")
 
     def handlers(self) -> dict[str, Handler]:
         return {**HANDLERS, "DEVICE_LOOKUP": self.slow}

@@ -6,7 +6,6 @@ local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'hel
 helper.start()
 local schema = require('smartcache.schema')
 local util = require('smartcache.util')
-local expiry = require('smartcache.expiry')
 
 local test = tap.test('api')
 test:plan(8)

@@ -34,6 +34,11 @@ function M.age(space, deadline_field, ms, extra_fields)
     end
 end
 
+-- A new live session of its own for one subtest (subtests share no data); returns its id.
+function M.session(client_id, data)
+    return _G.sc.session_create(nil, nil, client_id or 'client-t', nil, 60, data).session_id
+end
+
 function M.finish(test)
     local ok = test:check()
     fio.rmtree(M.dir)

@@ -42,7 +42,7 @@ from service.protocol import (
     encode_body,
     encode_header,
 )
-from tests.conftest import Running, call, connect, running_service, service_settings
+from tests.conftest import Running, SlowProbe, call, connect, running_service, service_settings
 from tests.helpers import eventually, metric
 
 
@@ -74,13 +74,16 @@ def _slots_all_free(r: Running) -> bool:
 # -- lost answers and leaked slots ----------------------------------------------------
 
 
+@pytest.mark.parametrize("worker_threads", [0, 2], ids=["slots-on-the-broker-loop", "2-worker-threads"])
 def test_short_lifetimes_under_mixed_load_answer_every_message_once_and_free_every_slot(
-    storage: Tarantool, backend: Backend
+    storage: Tarantool, backend: Backend, worker_threads: int
 ) -> None:
     """Issue: with PRODUCTS_GET in the mix and 2-5 ms lifetimes, some requests got no answer and
     their worker slots stayed busy for good (a task cancelled before it started)."""
     rng = random.Random(7)
-    settings = service_settings(storage, backend_url=backend.url, backend_retries=0, prewarm_types=(1, 2))
+    settings = service_settings(
+        storage, backend_url=backend.url, backend_retries=0, prewarm_types=(1, 2), worker_threads=worker_threads
+    )
     with running_service(settings) as r:
         sock = _dealer(r.endpoint)
         answers: Counter[int] = Counter()
@@ -571,3 +574,14 @@ def test_the_watchdog_answers_and_takes_back_a_slot_whose_worker_never_answers(s
         assert running["max"] == 1
         eventually(lambda: _slots_all_free(r), what="slot free")
         assert metric(r.metrics_url, "smartcache_workers_busy") == 0
+
+
+def test_a_message_still_running_at_the_drain_deadline_is_answered_outcome_unknown(storage: Tarantool) -> None:
+    probe = SlowProbe()
+    with running_service(service_settings(storage, drain_timeout_s=0.3), probe.handlers()) as r:
+        slow = r.client.send("DEVICE_LOOKUP", {"device_id": "sleep:3000"}, lifetime_ms=10_000)
+        probe.wait_running(1)
+        r.service.stop()
+        with pytest.raises(RequestError) as e:
+            r.client.wait(slow, timeout_s=5)
+    assert e.value.transport_error == "OUTCOME_UNKNOWN"

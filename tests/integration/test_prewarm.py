@@ -6,13 +6,13 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 import zmq
 
 from loadtest.backend import Backend
 from service.devstack import Tarantool
 from tests.conftest import Running, call, connect, running_service, service_settings
+from tests.helpers import eventually, metric
 
 TYPES = (1, 2)
 
@@ -42,18 +42,8 @@ def two_instances(storage: Tarantool, backend: Backend, **overrides: object) -> 
         yield a, b
 
 
-def _metric(r: Running, series: str) -> float:
-    for line in httpx.get(r.metrics_url, timeout=5).text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def _until(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+def _metric(r: Running, name: str, **labels: str) -> float:
+    return metric(r.metrics_url, name, labels)
 
 
 def test_app_start_from_unknown_device_calls_nothing_and_answers_nothing(storage: Tarantool, backend: Backend) -> None:
@@ -66,7 +56,7 @@ def test_app_start_from_unknown_device_calls_nothing_and_answers_nothing(storage
 
             h = Header.request(REGISTRY.types["APP_START"].id, request_id=1)
             sock.send_multipart([encode_header(h), encode_body({"device_id": "never-seen"})])
-            _until(lambda: _metric(a, 'smartcache_messages_total{outcome="NOT_FOUND",type="APP_START"}') == 1)
+            eventually(lambda: _metric(a, "smartcache_messages_total", outcome="NOT_FOUND", type="APP_START") == 1)
             assert sock.poll(200) == 0  # processed, and nothing came back
         finally:
             sock.close()
@@ -78,13 +68,13 @@ def test_app_start_on_both_instances_calls_backend_once_per_type(storage: Tarant
         assert a.client.device_bind("dev-both", "client-both").ok
         a.client.app_start("dev-both")
         b.client.app_start("dev-both")
-        done = 'smartcache_prewarm_total{outcome="%s"}'
 
         def settled() -> bool:
-            total = sum(_metric(r, done % o) for r in (a, b) for o in ("completed", "skipped_busy", "skipped_fresh"))
+            outcomes = ("completed", "skipped_busy", "skipped_fresh")
+            total = sum(_metric(r, "smartcache_prewarm_total", outcome=o) for r in (a, b) for o in outcomes)
             return total == 2 * len(TYPES)
 
-        _until(settled)
+        eventually(settled)
         by_key = backend.state.stats()["by_key"]
         assert by_key == {f"client-both/{t}": 1 for t in TYPES}
         got = b.client.products_get("client-both", 1)
@@ -100,14 +90,14 @@ def test_products_get_during_update_answers_as_soon_as_the_fetch_completes(
     with two_instances(storage, backend) as (a, b):
         a.client.device_bind("dev-wait", "client-wait")
         a.client.app_start("dev-wait")
-        _until(lambda: backend.state.stats()["calls"] == len(TYPES))  # fetches are in the backend now
+        eventually(lambda: backend.state.stats()["calls"] == len(TYPES))  # fetches are in the backend now
         started = time.monotonic()
         got = b.client.products_get("client-wait", 2)
         waited = time.monotonic() - started
         assert (got.status, got.body["source"]) == ("OK", "waited")
         assert got.body["data"]["data_type"] == 2
         # Woken by the completion (0.8 s fetch), well before the lease would run out (4 s here).
-        assert waited < 2.0
+        assert waited < 3.0
         assert backend.state.stats()["calls"] == len(TYPES)
 
 

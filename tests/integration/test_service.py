@@ -6,6 +6,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import msgpack
@@ -26,6 +27,15 @@ from service.protocol import (
     encode_header,
 )
 from tests.conftest import Running, SlowProbe, running_service, service_process, service_settings
+from tests.helpers import eventually, metric
+
+
+@pytest.fixture(scope="module", params=[0, 2], ids=["slots-on-the-broker-loop", "2-worker-threads"])
+def svc(storage: Tarantool, request: pytest.FixtureRequest) -> Iterator[Running]:
+    """The core cases run in both worker modes (SMARTCACHE_WORKER_THREADS=0, the default, and 2)."""
+    with running_service(service_settings(storage, worker_threads=request.param)) as r:
+        yield r
+
 
 # -- every message type ---------------------------------------------------------
 
@@ -76,10 +86,10 @@ def test_cache_happy_path_and_statuses(svc: Running) -> None:
 
 
 def test_device_happy_path_and_statuses(svc: Running) -> None:
-    c = svc.client
-    assert c.device_lookup("dev-x").status == "NOT_FOUND"
-    assert c.device_bind("dev-x", "client-x").ok
-    assert c.device_lookup("dev-x").body["client_id"] == "client-x"
+    c, device = svc.client, f"dev-{uuid.uuid4()}"
+    assert c.device_lookup(device).status == "NOT_FOUND"
+    assert c.device_bind(device, "client-x").ok
+    assert c.device_lookup(device).body["client_id"] == "client-x"
 
 
 def test_bad_fields_and_session_rules_are_bad_request(svc: Running) -> None:
@@ -277,14 +287,14 @@ def test_storage_down_gives_storage_unavailable_and_service_recovers(fresh_maste
         assert e.value.transport_error == "STORAGE_UNAVAILABLE"
         fresh_master.start()
         fresh_master.wait_ready()
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                assert c.device_lookup("outage-dev").body["client_id"] == "c"
-                break
-            except RequestError:
-                assert time.monotonic() < deadline, "service did not reconnect"
-                time.sleep(0.2)
+        eventually(lambda: _lookup_or_none(c, "outage-dev") == "c", timeout_s=15, what="service reconnected")
+
+
+def _lookup_or_none(c, device: str) -> str | None:
+    try:
+        return c.device_lookup(device).body.get("client_id")
+    except RequestError:
+        return None
 
 
 # -- graceful stop ----------------------------------------------------------------
@@ -330,20 +340,13 @@ def test_sigterm_under_load_answers_every_request_once_and_exits_0(storage: Tara
 
 
 def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
-    def scrape() -> str:
-        return httpx.get(svc.metrics_url, timeout=5).text
-
-    def value(text: str, series: str) -> float:
-        for line in text.splitlines():
-            if line.startswith(series + " "):
-                return float(line.split()[-1])
-        raise AssertionError(f"{series} not found")
-
-    before = scrape()
+    url = svc.metrics_url
+    ok_binds = {"outcome": "OK", "type": "DEVICE_BIND"}
+    before = metric(url, "smartcache_messages_total", ok_binds)
     for i in range(50):
         svc.client.device_bind(f"m{i}", "c")
     svc.client.call("CACHE_GET", {"key": 1})
-    after = scrape()
+    after = httpx.get(url, timeout=5).text
     for name in (
         "smartcache_messages_total",
         "smartcache_request_duration_seconds_bucket",
@@ -361,12 +364,10 @@ def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
         "smartcache_bulkhead_limit",
     ):
         assert name in after, name
-    series = 'smartcache_messages_total{outcome="OK",type="DEVICE_BIND"}'
-    assert value(after, series) - value(before, series) == 50
-    calls = 'smartcache_storage_calls_total{outcome="OK",procedure="device_bind"}'
-    assert value(after, calls) >= 50
-    assert value(after, "smartcache_queue_capacity") == 3000
-    assert value(after, 'smartcache_request_duration_seconds_count{type="DEVICE_BIND"}') >= 50
+    assert metric(url, "smartcache_messages_total", ok_binds) - before == 50
+    assert metric(url, "smartcache_storage_calls_total", {"outcome": "OK", "procedure": "device_bind"}) >= 50
+    assert metric(url, "smartcache_queue_capacity") == 3000
+    assert metric(url, "smartcache_request_duration_seconds_count", {"type": "DEVICE_BIND"}) >= 50
 
 
 # -- logs -------------------------------------------------------------------------
@@ -417,12 +418,8 @@ def test_reply_to_a_vanished_client_is_counted_not_lost_silently(storage: Tarant
         sock.send_multipart([encode_header(h), encode_body({"device_id": "sleep:300"})])
         probe.wait_running(1)
         sock.close()  # gone before its reply
-        probe_deadline = time.monotonic() + 10
-        series = 'smartcache_dropped_replies_total{reason="client_gone"}'
-        while True:
-            text = httpx.get(r.metrics_url, timeout=5).text
-            if f"{series} 1.0" in text:
-                break
-            assert time.monotonic() < probe_deadline, "drop not counted"
-            time.sleep(0.05)
+        eventually(
+            lambda: metric(r.metrics_url, "smartcache_dropped_replies_total", {"reason": "client_gone"}) == 1,
+            what="drop counted",
+        )
         assert r.client.device_lookup("sleep:1").ok  # and it keeps serving

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 import uuid
 
 import httpx
@@ -12,16 +11,7 @@ import tarantool
 
 from service.devstack import Tarantool
 from tests.conftest import call, connect
-
-
-def _wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
+from tests.helpers import eventually
 
 
 def test_write_on_master_is_read_on_replica_which_refuses_writes(storage_pair: tuple[Tarantool, Tarantool]) -> None:
@@ -29,7 +19,7 @@ def test_write_on_master_is_read_on_replica_which_refuses_writes(storage_pair: t
     sid = str(uuid.uuid4())
     with connect(master) as m, connect(replica) as r:
         assert call(m, "session_create", sid, "client-repl", "5.2", 60, {"step": 1})["status"] == "OK"
-        got = _wait_for(lambda: (res := call(r, "session_get", sid))["status"] == "OK" and res)
+        got = eventually(lambda: (res := call(r, "session_get", sid))["status"] == "OK" and res)
         assert got["client_id"] == "client-repl"
         assert got["data"] == {"step": 1}
         refused = call(r, "session_create", str(uuid.uuid4()), "client-repl", "5.2", 60, None)
