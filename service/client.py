@@ -250,8 +250,8 @@ class _Helpers(ABC, Generic[R]):
     def device_lookup(self, device_id: str) -> R:
         return self.call("DEVICE_LOOKUP", {"device_id": device_id})
 
-    def products_get(self, client_id: str, data_type: int) -> R:
-        return self.call("PRODUCTS_GET", {"client_id": client_id, "data_type": data_type})
+    def products_get(self, client_id: str, data_type: int, *, version: str | None = None) -> R:
+        return self.call("PRODUCTS_GET", {"client_id": client_id, "data_type": data_type, "version": version})
 
 
 class Client(_Helpers[Reply]):
@@ -340,9 +340,9 @@ class Client(_Helpers[Reply]):
             time.sleep(_backoff_s(attempt))
             attempt += 1
 
-    def app_start(self, device_id: str) -> None:
+    def app_start(self, device_id: str, *, session_id: SessionId | None = None, version: str | None = None) -> None:
         """Tell the service the app started on this device; never answered."""
-        self.send("APP_START", {"device_id": device_id}, no_reply=True)
+        self.send("APP_START", {"device_id": device_id, "version": version}, session_id=session_id, no_reply=True)
 
     def close(self, linger_ms: int = 200) -> None:
         """Close the socket, giving unsent messages (say, an APP_START) up to linger_ms to leave."""
@@ -476,14 +476,16 @@ class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
             if fut is not None and not fut.done():
                 fut.set_result(reply)
 
-    async def app_start(self, device_id: str) -> None:
+    async def app_start(
+        self, device_id: str, *, session_id: SessionId | None = None, version: str | None = None
+    ) -> None:
         """Tell the service the app started on this device; never answered."""
         await self._sock.send_multipart(
             _frames(
                 "APP_START",
-                {"device_id": device_id},
+                {"device_id": device_id, "version": version},
                 request_id=next(self._ids),
-                session_id=None,
+                session_id=session_id,
                 lifetime_ms=0,
                 no_reply=True,
             )

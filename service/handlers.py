@@ -56,7 +56,7 @@ class Context:
     backend: Backend
     settings: Settings
     metrics: Metrics
-    enqueue: Callable[[str, dict[str, Any]], None]
+    enqueue: Callable[[str, dict[str, Any], bytes], None]
     #: unique per worker slot use: prewarm lease owner ids are built from it
     owner_prefix: str
 

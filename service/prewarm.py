@@ -49,14 +49,18 @@ async def app_start(req: Request, ctx: Context) -> dict[str, Any]:
     if found["status"] != "OK":
         return {"status": "NOT_FOUND"}  # unknown device: a cold start, nothing to do
     for data_type in ctx.settings.prewarm_types:
-        ctx.enqueue("PREWARM_FETCH", {"client_id": found["client_id"], "data_type": data_type})
+        body = {"client_id": found["client_id"], "data_type": data_type, "version": req.body.get("version")}
+        ctx.enqueue("PREWARM_FETCH", body, req.header.session_id)
     ctx.metrics.prewarm.labels("started").inc(len(ctx.settings.prewarm_types))
     return {"status": "OK"}
 
 
-async def _acquire(ctx: Context, client_id: str, data_type: int, owner: str) -> dict[str, Any]:
+async def _acquire(ctx: Context, req: Request, owner: str) -> dict[str, Any]:
+    """Take the lease; the record notes which session (of which front version) asked for it."""
+    client_id, data_type = req.body["client_id"], req.body["data_type"]
+    lease, max_age = ctx.settings.lease_ms, ctx.settings.max_age_ms(data_type)
     return await ctx.storage.call(
-        "prewarm_acquire", [client_id, data_type, owner, ctx.settings.lease_ms, ctx.settings.max_age_ms(data_type)]
+        "prewarm_acquire", [client_id, data_type, owner, lease, max_age, req.session, req.body.get("version")]
     )
 
 
@@ -97,7 +101,7 @@ async def _fetch_and_store(ctx: Context, client_id: str, data_type: int, owner: 
 async def prewarm_fetch(req: Request, ctx: Context) -> dict[str, Any]:
     client_id, data_type = req.body["client_id"], req.body["data_type"]
     owner = _owner(ctx)
-    got = await _acquire(ctx, client_id, data_type, owner)
+    got = await _acquire(ctx, req, owner)
     if got["status"] == "FRESH":
         ctx.metrics.prewarm.labels("skipped_fresh").inc()
     elif got["status"] == "BUSY":
@@ -131,7 +135,7 @@ async def products_get(req: Request, ctx: Context) -> dict[str, Any]:
     max_age_ms = ctx.settings.max_age_ms(data_type)
     for _ in range(ATTEMPTS):
         owner = _owner(ctx)
-        got = await _acquire(ctx, client_id, data_type, owner)
+        got = await _acquire(ctx, req, owner)
         if got["status"] == "FRESH":
             return _answer(ctx, "cache", got["data"], got["updated_at_ms"])
         if got["status"] == "ACQUIRED":

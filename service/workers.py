@@ -47,6 +47,7 @@ from service.metrics import Metrics
 from service.prewarm import ALL_HANDLERS
 from service.protocol import (
     FLAG_NO_REPLY,
+    NO_SESSION,
     REGISTRY,
     Header,
     encode_body,
@@ -208,10 +209,10 @@ class Worker:
         )
         return failure("INTERNAL", f"internal error {error_id}")
 
-    def enqueue(self, type_name: str, body: dict[str, Any]) -> None:
+    def enqueue(self, type_name: str, body: dict[str, Any], session_id: bytes = NO_SESSION) -> None:
         """Put an internal message into the broker's queue (no client, no reply)."""
         self._ids += 1
-        h = Header.request(REGISTRY.types[type_name].id, request_id=self._ids)
+        h = Header.request(REGISTRY.types[type_name].id, request_id=self._ids, session_id=session_id)
         self._send([inproc.ENQUEUE, encode_header(h), encode_body(body), b""])
 
     def _sweep(self) -> None:

@@ -32,7 +32,8 @@ end
 
 local function record_fields(t, now)
     return {data = t[F.data], updated_at_ms = t[F.updated_at], state = held(t, now) and UPDATING or IDLE,
-            age_ms = t[F.updated_at] > 0 and now - t[F.updated_at] or nil}
+            age_ms = t[F.updated_at] > 0 and now - t[F.updated_at] or nil,
+            session_id = t[F.session_id], version = t[F.version]}
 end
 
 local function check_key(client_id, data_type)
@@ -46,6 +47,7 @@ function M.acquire(client_id, data_type, owner, lease_ms, max_age_ms, session_id
     local err = check_key(client_id, data_type) or util.check(owner, 'string', 'owner')
         or util.check_positive(lease_ms, 'lease_ms', config.max_wait_ms)
         or util.check(max_age_ms, 'number', 'max_age_ms')
+        or util.check(session_id, 'string', 'session_id', true) or util.check(version, 'string', 'version', true)
     if err ~= nil then
         return util.bad_request(err)
     end

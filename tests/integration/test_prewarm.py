@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -81,6 +82,22 @@ def test_app_start_on_both_instances_calls_backend_once_per_type(storage: Tarant
         assert (got.status, got.body["source"]) == ("OK", "cache")
         assert got.body["data"]["client_id"] == "client-both"
         assert backend.state.stats()["calls"] == len(TYPES)  # answered from the cache
+
+
+def test_a_prewarm_record_notes_the_session_and_front_version_that_asked(storage: Tarantool, backend: Backend) -> None:
+    sid = uuid.uuid4()
+    with two_instances(storage, backend) as (a, _):
+        assert a.client.device_bind("dev-noted", "client-noted").ok
+        a.client.app_start("dev-noted", session_id=sid, version="7.1.0")
+        with connect(storage) as conn:
+            record = eventually(
+                lambda: (
+                    (r := call(conn, "prewarm_wait", "client-noted", 1, 1000))["status"] == "OK"
+                    and r.get("updated_at_ms", 0) > 0
+                    and r
+                )
+            )
+    assert (record["session_id"], record["version"]) == (str(sid), "7.1.0")
 
 
 def test_products_get_during_update_answers_as_soon_as_the_fetch_completes(
