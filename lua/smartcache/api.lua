@@ -21,6 +21,7 @@ local device = require('smartcache.device')
 local prewarm = require('smartcache.prewarm')
 local stats = require('smartcache.stats')
 local idempotency = require('smartcache.idempotency')
+local failover = require('smartcache.failover')
 local util = require('smartcache.util')
 
 local M = {}
@@ -55,6 +56,10 @@ local reads = {
     device_lookup = device.lookup,
     prewarm_wait = prewarm.wait,
     stats = stats.stats,
+    -- Failover (smartcache.failover): what the service polls, and the operator's actions.
+    role = failover.role,
+    switchover = failover.switchover,
+    rejoin = failover.rejoin,
 }
 
 -- Only with SC_DEBUG_PROCEDURES=1 (tests): a deliberately slow procedure.

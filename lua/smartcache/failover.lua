@@ -138,7 +138,8 @@ end
 --   etcd         smartcache.etcd client (or a fake)
 --   box          adapter (M.box_adapter for the real one): uuid(), id(), vclock(), replicaset(),
 --                read_only(bool), follow(uri|nil), downstreams() -> {{uuid, status, vclock}},
---                clear_synchro_queue(), on_promote(), wal_errors() -> counter, wal_probe() -> ok, err,
+--                clear_synchro_queue(), set_quorum(n), on_promote(), wal_errors() -> counter,
+--                wal_probe() -> ok, err,
 --                quiesce() -> ok, err (read-only once every submitted write is in the WAL)
 --   cluster, uri, ttl (s), margin (s), poll (s), quorum (synchronous), election_quorum
 --   (a majority of the configured members), candidate (bool), data_dir
@@ -158,6 +159,7 @@ function M.new(opts)
     self.poll = opts.poll or 0.2
     self.quorum = opts.quorum or 2                       -- synchronous replication quorum
     self.election_quorum = opts.election_quorum or self.quorum  -- eligible members that must have published
+    self.effective_quorum = nil  -- what box.cfg.replication_synchro_quorum is set to by quorum_step
     self.candidate_allowed = opts.candidate ~= false
     self.promote_wait = opts.promote_wait or math.min(2, self.ttl / 2)
     self.election_wait = opts.election_wait or self.ttl
@@ -318,6 +320,35 @@ end
 function F:guard_step()
     if self.role == 'leader' and self.clock() >= self.deadline then
         self:fence('lease deadline passed')
+    end
+end
+
+-- The synchronous quorum a leader uses: every attached follower, and never
+-- fewer than the configured quorum (a majority by default). Tarantool 2.6.0
+-- (Debian's; the fixes for tarantool#5144/#5185/#5195 came later) stalls
+-- about 2 % of synchronous writes for replication_synchro_timeout and then
+-- rolls them back when more replicas acknowledge than the quorum needs
+-- (quorum 2 with two replicas: 480 of 20,000 writes; quorum 3 with two
+-- replicas, or 2 with one: none). Durability never drops below the
+-- configured quorum.
+function F:quorum_for(attached)
+    return math.max(self.quorum, attached + 1)
+end
+
+function F:quorum_step()
+    if self.role ~= 'leader' and not self.promoting then
+        return
+    end
+    local attached = 0
+    for _, d in ipairs(self.box.downstreams()) do
+        if d.status == 'follow' then
+            attached = attached + 1
+        end
+    end
+    local q = self:quorum_for(attached)
+    if q ~= self.effective_quorum then
+        self.effective_quorum = q
+        self.box.set_quorum(q)
     end
 end
 
@@ -515,6 +546,8 @@ function F:promote(leader)
             self.following = nil
         end
         self:wait_followers(self.promote_wait)
+        -- 2.6.0 confirms what quorum relays have: the quorum must match who is attached.
+        self:quorum_step()
         self.box.clear_synchro_queue()
         self.box.read_only(false)
         self.box.on_promote()
@@ -763,7 +796,10 @@ function F:start()
             end
             return math.max(0.01, math.min(s.poll, s.next_keepalive - s.clock()))
         end),
-        fiber.create(loop, 'failover_guard', self, F.guard_step, function(s)
+        fiber.create(loop, 'failover_guard', self, function(s)
+            s:guard_step()
+            s:quorum_step()
+        end, function(s)
             if s.role == 'leader' then
                 return math.max(0.001, math.min(0.05, s.deadline - s.clock()))
             end
@@ -825,6 +861,9 @@ function M.box_adapter(opts)
             if not ok then
                 error(err)
             end
+        end,
+        set_quorum = function(q)
+            box.cfg({replication_synchro_quorum = q})
         end,
         on_promote = opts.on_promote or function() end,
         wal_errors = function() return stats.wal_errors end,

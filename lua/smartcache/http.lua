@@ -1,6 +1,6 @@
 -- Read-only operator HTTP endpoint on the socket module (2.6 has no http.server).
 --
---   GET /health                 role, read-only flag, replication state (503 unless running)
+--   GET /health                 role, failover state, replication, memtx, WAL (503 when unhealthy)
 --   GET /metrics                Prometheus text format
 --   GET /sessions/<id>          one live session
 --   GET /clients/<id>/sessions  a client's live sessions
@@ -52,12 +52,12 @@ local function session_view(t, now)
             updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now, data = t[F.data]}
 end
 
+-- 503 with the reasons in "problems" when not running, after a recent WAL
+-- failure, above 90 % of memtx memory, DIVERGED, or stepped down for its WAL.
+-- role: master/replica (standalone), or the failover role in HA mode.
 local function health()
-    local running = box.info.status == 'running'
-    local body = {status = box.info.status, read_only = box.info.ro, role = box.info.ro and 'replica' or 'master',
-                  instance_id = box.info.id, schema_version = schema.current_version(),
-                  replication = stats.replication()}
-    return running and 200 or 503, 'application/json', json.encode(body)
+    local doc = require('smartcache.storage').health()
+    return doc.healthy and 200 or 503, 'application/json', json.encode(doc)
 end
 
 local function metric(out, name, kind, help, samples)
@@ -96,6 +96,38 @@ local function metrics()
     end
     metric(out, 'smartcache_tarantool_replication_lag_seconds', 'gauge', 'Upstream replication lag.', lag)
     metric(out, 'smartcache_tarantool_replication_upstream_up', 'gauge', '1 when the upstream is following.', up)
+    local h = require('smartcache.storage').health()
+    metric(out, 'smartcache_tarantool_healthy', 'gauge', '1 when /health answers 200.', {{'', h.healthy and 1 or 0}})
+    metric(out, 'smartcache_tarantool_memtx_used_ratio', 'gauge', 'memtx arena in use / memtx_memory.',
+        {{'', h.memtx.used_ratio}})
+    local fo = require('smartcache.failover')
+    local st = fo.instance and fo.instance:status()
+    local roles = {}
+    for _, r in ipairs(fo.ROLES) do
+        table.insert(roles, {string.format('{role="%s"}', r), (st and st.role or 'standalone') == r and 1 or 0})
+    end
+    metric(out, 'smartcache_tarantool_failover_role', 'gauge', 'This instance\'s failover role (1 for the current).',
+        roles)
+    metric(out, 'smartcache_tarantool_failover_writable', 'gauge', '1 while this instance may write.',
+        {{'', fo.writable() and 1 or 0}})
+    if st ~= nil then
+        metric(out, 'smartcache_tarantool_failover_term', 'gauge', 'Term (leader key revision) led or followed.',
+            {{'', st.term}})
+        metric(out, 'smartcache_tarantool_failover_lease_left_seconds', 'gauge',
+            'How long this leader may still write without a renewal.', {{'', st.lease_left_ms / 1000}})
+        metric(out, 'smartcache_tarantool_failover_fenced', 'gauge',
+            '1 when fenced (a leader whose lease is unproven).', {{'', st.fenced and 1 or 0}})
+        metric(out, 'smartcache_tarantool_failover_diverged', 'gauge',
+            '1 when this instance holds rows the leader does not (rebuild it: cluster rejoin).',
+            {{'', st.diverged and 1 or 0}})
+        local events = {}
+        for _, e in ipairs({'elections_won', 'promotions', 'fences', 'step_downs', 'etcd_errors', 'divergences',
+                            'switchovers'}) do
+            table.insert(events, {string.format('{event="%s"}', e), st.counters[e]})
+        end
+        metric(out, 'smartcache_tarantool_failover_events_total', 'counter', 'Failover events on this instance.',
+            events)
+    end
     table.insert(out, '')
     return 200, 'text/plain; version=0.0.4', table.concat(out, '\n')
 end

@@ -1,14 +1,36 @@
--- Run-time pieces every instance needs once the schema exists: triggers and fibers.
+-- Run-time pieces every instance needs once the schema exists: triggers and
+-- fibers; and the instance's health, as /health and /metrics report it.
 local fiber = require('fiber')
 local log = require('log')
 local prewarm = require('smartcache.prewarm')
 local expiry = require('smartcache.expiry')
+local stats = require('smartcache.stats')
+local schema = require('smartcache.schema')
 
 local M = {}
+
+-- Unhealthy while a WAL write failed this recently (disk full, read-only, I/O errors).
+M.WAL_ERROR_WINDOW_S = 30
+-- Unhealthy above this share of memtx_memory in use.
+M.MEMTX_LIMIT_RATIO = 0.9
+
+-- WAL failures seen by procedures (stats.wal_errors), with the time of the last one.
+M.wal = {errors = 0, last_error_at = nil}
 
 local function install_triggers()
     box.space.prewarm:on_replace(prewarm.on_replace, prewarm.on_replace_installed)
     prewarm.on_replace_installed = prewarm.on_replace
+end
+
+local function watch_wal()
+    fiber.name('wal_watch')
+    while true do
+        if stats.wal_errors > M.wal.errors then
+            M.wal.errors = stats.wal_errors
+            M.wal.last_error_at = fiber.time()
+        end
+        fiber.sleep(0.5)
+    end
 end
 
 -- Install the prewarm trigger (now, or once replication brings the space) and start expiry.
@@ -26,6 +48,58 @@ function M.start()
         end)
     end
     expiry.start()
+    if M.wal_fiber == nil then
+        M.wal_fiber = fiber.create(watch_wal)
+    end
+end
+
+function M.memtx()
+    local s = box.slab.info()
+    local quota = s.quota_size > 0 and s.quota_size or 1
+    return {used_ratio = s.arena_used / quota, arena_used_bytes = s.arena_used, items_used_bytes = s.items_used,
+            quota_bytes = s.quota_size}
+end
+
+-- The /health document: healthy unless something below says why not.
+function M.health()
+    local failover = require('smartcache.failover').instance
+    local problems = {}
+    if box.info.status ~= 'running' then
+        table.insert(problems, 'status ' .. box.info.status)
+    end
+    -- The watcher samples every 0.5 s; look at the counter too, so a fresh error counts at once.
+    if stats.wal_errors > M.wal.errors then
+        M.wal.errors, M.wal.last_error_at = stats.wal_errors, fiber.time()
+    end
+    local wal_age = M.wal.last_error_at and fiber.time() - M.wal.last_error_at or nil
+    if wal_age ~= nil and wal_age < M.WAL_ERROR_WINDOW_S then
+        table.insert(problems, string.format('WAL write failed %.0f s ago', wal_age))
+    end
+    local memtx = M.memtx()
+    if memtx.used_ratio > M.MEMTX_LIMIT_RATIO then
+        table.insert(problems, string.format('memtx %.0f%% used', memtx.used_ratio * 100))
+    end
+    local doc = {status = box.info.status, read_only = box.info.ro, instance_id = box.info.id,
+                 instance_uuid = box.info.uuid, schema_version = schema.current_version(),
+                 replication = stats.replication(), memtx = memtx,
+                 wal = {errors = M.wal.errors, last_error_age_s = wal_age}}
+    if failover == nil then
+        doc.role = box.info.ro and 'replica' or 'master'
+    else
+        local st = failover:status()
+        st.counters = nil
+        doc.role = st.role
+        doc.failover = st
+        if st.diverged ~= nil then
+            table.insert(problems, 'DIVERGED: ' .. st.diverged)
+        end
+        if st.wal_broken ~= nil then
+            table.insert(problems, 'stepped down: ' .. st.wal_broken)
+        end
+    end
+    doc.healthy = #problems == 0
+    doc.problems = problems
+    return doc
 end
 
 return M

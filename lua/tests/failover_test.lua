@@ -234,6 +234,7 @@ local function new_box(uuid, id, uri)
         return out
     end
     b.clear_synchro_queue = function() table.insert(b.calls, 'clear_synchro_queue') end
+    b.set_quorum = function(q) b.quorum = q end
     b.on_promote = function()
         table.insert(b.calls, 'on_promote')
         if b.wal_fail then
