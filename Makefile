@@ -16,6 +16,7 @@ sysdeps:  ## Debian packages: tarantool, lua-check, python venv support
 	@missing=""; \
 	command -v tarantool >/dev/null || missing="$$missing tarantool"; \
 	command -v luacheck  >/dev/null || missing="$$missing lua-check"; \
+	command -v etcd      >/dev/null || missing="$$missing etcd-server"; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
