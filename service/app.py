@@ -62,7 +62,6 @@ class Service:
         except OSError as e:
             where = f"SMARTCACHE_METRICS_ADDR={s.metrics_addr} SMARTCACHE_METRICS_PORT={s.metrics_port}"
             raise StartError(f"{where}: {e.strerror or e}") from e
-        self.metrics.storage_active.labels(s.tarantool[0]).set(1)
         self.pool.start()
         try:
             self.broker.start()

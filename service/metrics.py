@@ -125,6 +125,20 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.storage_leader = Gauge(
+            f"{p}_storage_leader",
+            "1 for the Tarantool instance the service sends calls to (the one that may write), by address.",
+            ["address"],
+            registry=r,
+        )
+        self.storage_leader_changes = Counter(
+            f"{p}_storage_leader_changes_total", "Times the service found another (or its first) leader.", registry=r
+        )
+        self.storage_leader_term = Gauge(
+            f"{p}_storage_leader_term",
+            "The current leader's term (its etcd leader key revision; 0 without failover).",
+            registry=r,
+        )
         self.watchdog_reclaimed = Counter(
             f"{p}_watchdog_reclaimed_total",
             "Worker slots the broker took back past their message's deadline + grace (a bug if not 0).",
@@ -132,9 +146,6 @@ class Metrics:
         )
         self.internal_errors = Counter(
             f"{p}_internal_errors_total", "Messages answered INTERNAL (each logged with its error id).", registry=r
-        )
-        self.storage_active = Gauge(
-            f"{p}_storage_active", "1 for the Tarantool instance the service writes to.", ["address"], registry=r
         )
         self.bad_input = Counter(
             f"{p}_bad_input_total", "Malformed messages, by transport error.", ["error"], registry=r

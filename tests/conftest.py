@@ -65,6 +65,22 @@ def storage_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Tar
 
 
 @pytest.fixture
+def storage_pair_fresh(tmp_path: Path) -> Iterator[tuple[Tarantool, Tarantool]]:
+    """A master and a read-only replica of their own, for tests that stop or break them."""
+    master = Tarantool.create("master", tmp_path)
+    replica = Tarantool.create("replica", tmp_path, read_only=True, replication=[master.address])
+    try:
+        master.start()
+        master.wait_ready()
+        replica.start()
+        replica.wait_ready()
+        yield master, replica
+    finally:
+        replica.stop()
+        master.stop()
+
+
+@pytest.fixture
 def fresh_master(tmp_path: Path) -> Iterator[Tarantool]:
     """A master of its own, for tests that stop or break it."""
     master = Tarantool.create("master", tmp_path)

@@ -5,7 +5,8 @@
 -- and nothing else, to the role smartcache_api. Idempotent.
 --
 -- Calling convention: every sc.<name> takes `meta` first, then the
--- procedure's own arguments. meta is nil or a map:
+-- procedure's own arguments. meta is nil, a number (deadline_ms alone: the
+-- common case, cheapest to send and read), or a map:
 --   deadline_ms      absolute deadline, ms since the epoch on this instance's
 --                    clock; past it the procedure does nothing and answers
 --                    DEADLINE_EXCEEDED (so "not executed" is true when the
@@ -77,8 +78,14 @@ local function past(meta)
     if meta == nil then  -- nil or box.NULL
         return false
     end
-    local deadline = meta.deadline_ms
-    return deadline ~= nil and fiber.time() * 1000 > deadline
+    local deadline = meta
+    if type(meta) == 'table' then
+        deadline = meta.deadline_ms
+        if deadline == nil then
+            return false
+        end
+    end
+    return fiber.time() * 1000 > deadline
 end
 
 -- Count WAL write failures (disk full, read-only disk) and re-raise them.
@@ -109,7 +116,7 @@ local function write_procedure(name, fn)
         if not util.writable() then
             return NOT_LEADER
         end
-        local key = meta ~= nil and meta.idempotency_key or nil
+        local key = type(meta) == 'table' and meta.idempotency_key or nil
         if key == nil then
             return counted(pcall(fn, ...))
         end

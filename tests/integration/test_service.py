@@ -360,7 +360,7 @@ def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
         "smartcache_storage_call_duration_seconds_bucket",
         "smartcache_bad_input_total",
         "smartcache_build_info",
-        "smartcache_storage_active",
+        "smartcache_storage_leader",
         "smartcache_bulkhead_limit",
     ):
         assert name in after, name

@@ -10,8 +10,9 @@ import pytest
 import tarantool
 
 from service.devstack import Tarantool
-from tests.conftest import call, connect
-from tests.helpers import eventually
+from service.errors import RequestError
+from tests.conftest import call, connect, running_service, service_settings
+from tests.helpers import eventually, metric
 
 
 def test_write_on_master_is_read_on_replica_which_refuses_writes(storage_pair: tuple[Tarantool, Tarantool]) -> None:
@@ -89,3 +90,27 @@ def test_operator_http_answers_the_four_routes(storage_pair: tuple[Tarantool, Ta
         assert health["read_only"] is True
         assert health["replication"][0]["upstream_status"] == "follow"
         assert "smartcache_tarantool_replication_lag_seconds" in h.get("/metrics").text
+
+
+def test_the_service_sends_writes_to_the_writable_instance_and_reads_on_when_it_is_gone(
+    tmp_path, storage_pair_fresh
+) -> None:
+    """SMARTCACHE_TARANTOOL lists every instance; calls go to the one whose role says it may write.
+    With it gone and nobody able to take over, writes fail at once and reads go on from a replica."""
+    master, replica = storage_pair_fresh
+    settings = service_settings(master, tarantool=(replica.address, master.address))  # order does not matter
+    with running_service(settings) as r:
+        c = r.client
+        sid = c.session_create("client-router", data={"v": 1}).session_id
+        assert metric(r.metrics_url, "smartcache_storage_leader", {"address": master.address}) == 1
+        assert metric(r.metrics_url, "smartcache_storage_leader", {"address": replica.address}) == 0
+        with connect(replica) as rep:
+            eventually(lambda: call(rep, "session_get", str(sid))["status"] == "OK", what="replicated")
+        master.stop()
+        eventually(lambda: metric(r.metrics_url, "smartcache_storage_leader", {"address": master.address}) == 0)
+        with pytest.raises(RequestError) as e:
+            c.call("SESSION_CREATE", {"client_id": "c"}, lifetime_ms=10_000, timeout_s=2)  # at once, not in 10 s
+        assert e.value.transport_error == "STORAGE_UNAVAILABLE"
+        got = c.session_get(sid)
+        assert got.ok
+        assert got.body["data"] == {"v": 1}
