@@ -370,10 +370,8 @@ function F:check_wal()
         return
     end
     local ok, err = self.box.wal_probe()
-    if not ok and is_wal_error(err) then
+    if not ok then
         self:step_down('WAL write failed: ' .. tostring(err), {wal = true})
-    elseif not ok then
-        self.log.warn('failover: WAL probe failed: %s', tostring(err))
     end
 end
 
@@ -821,8 +819,29 @@ end
 -- opts: user, password (the replication user), on_promote (admin writes of a new leader).
 function M.box_adapter(opts)
     local stats = require('smartcache.stats')
+    local fio = require('fio')
     local function probe()
         box.space.sc_meta:replace({'failover_probe', fiber.time()})
+    end
+    -- Can the WAL's filesystem take a write? Asked of the disk directly, not
+    -- through the WAL: on 2.6.0 writes queued behind a synchronous write that
+    -- times out fail with the same ER_WAL_IO as a full disk.
+    local function disk_probe()
+        local path = fio.pathjoin(box.cfg.wal_dir, '.sc_wal_probe')
+        local fh, err = fio.open(path, {'O_WRONLY', 'O_CREAT', 'O_TRUNC'}, tonumber('644', 8))
+        if fh == nil then
+            return false, 'Failed to write to disk: ' .. tostring(err)
+        end
+        local ok, werr = fh:write(string.rep('\0', 4096))
+        if ok then
+            ok, werr = fh:fsync()
+        end
+        fh:close()
+        fio.unlink(path)
+        if not ok then
+            return false, 'Failed to write to disk: ' .. tostring(werr or require('errno').strerror())
+        end
+        return true
     end
     return {
         uuid = function() return box.info.uuid end,
@@ -867,7 +886,7 @@ function M.box_adapter(opts)
         end,
         on_promote = opts.on_promote or function() end,
         wal_errors = function() return stats.wal_errors end,
-        wal_probe = function() return pcall(probe) end,
+        wal_probe = disk_probe,
         -- Writes queue in the WAL in order (and async ones behind pending sync
         -- ones), so once our own write returns, every write submitted before it
         -- is in the WAL. Expiry holds still meanwhile, then the box turns read-only.
@@ -952,6 +971,7 @@ function M.role()
     out.status = 'OK'
     out.vclock = setmetatable(clean_vclock(box.info.vclock), {__serialize = 'map'})
     out.read_only = box.info.ro
+    out.time_ms = math.floor(fiber.time() * 1000)  -- the service measures its clock offset from this
     out.sync_queue_len = box.NULL  -- Tarantool 2.6.0 does not expose it (box.info.synchro came in 2.8)
     out.replication = stats.replication()
     return out
