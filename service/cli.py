@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import zmq
 
-from service import __version__
+from service import __version__, cluster
 from service.client import DEFAULT_TIMEOUT_S, Client, Reply
 from service.config import PORT_OFFSET_VARIABLE
 from service.errors import RequestError, RequestTimeout
@@ -177,7 +177,73 @@ def _parser() -> argparse.ArgumentParser:
     g = command("products-get", "a client's products of one data type")
     g.add_argument("client_id", help="the bank's client id")
     g.add_argument("data_type", type=int, help=f"product data type: {DATA_TYPES}")
+    _cluster_parser(sub)
     return p
+
+
+def default_tarantool() -> str:
+    """$SMARTCACHE_TARANTOOL, else make run's three instances (ports 3301-3303 + $SMARTCACHE_PORT_OFFSET)."""
+    offset = os.environ.get(PORT_OFFSET_VARIABLE, "").strip()
+    base = 3301 + (int(offset) if offset.isdigit() else 0)
+    return os.environ.get("SMARTCACHE_TARANTOOL") or ",".join(f"127.0.0.1:{base + i}" for i in range(3))
+
+
+def _cluster_parser(sub: Any) -> None:
+    cl = sub.add_parser(
+        "cluster",
+        help="the storage cluster: status, switchover, rejoin (talks to Tarantool, not the service)",
+        description="Ask every Tarantool instance its role (sc.role), or ask for a planned hand-over or a "
+        "rebuild. Roles are decided by etcd; this only asks. Credentials: $SMARTCACHE_TARANTOOL_USER and "
+        "$SMARTCACHE_TARANTOOL_PASSWORD, as the service uses them.",
+    )
+    cl.add_argument(
+        "--tarantool",
+        default=default_tarantool(),
+        metavar="HOST:PORT,...",
+        help="every instance (default: $SMARTCACHE_TARANTOOL, else make run's; now %(default)s)",
+    )
+    ops = cl.add_subparsers(dest="operation", required=True, metavar="OPERATION")
+    ops.add_parser(
+        "status",
+        help="each instance: role, term, lease left, vclock, replication; who leads",
+        description="Exit 0 when exactly one instance may write and none is diverged or unreachable, else 1.",
+    )
+    so = ops.add_parser(
+        "switchover",
+        help="planned hand-over: the leader stops writing, the candidate catches up and takes the key",
+        description="Prints the measured write pause (pause_ms).",
+    )
+    so.add_argument("instance", nargs="?", help="the new leader, HOST:PORT or uuid (default: the most up to date)")
+    so.add_argument("--timeout-ms", type=int, default=5000, metavar="MS", help="how long the hand-over may take")
+    rj = ops.add_parser(
+        "rejoin",
+        help="rebuild an instance from the leader (its files are set aside first)",
+        description="For an instance that reports DIVERGED: it restarts empty and copies the leader.",
+    )
+    rj.add_argument("instance", help="the instance to rebuild, HOST:PORT or uuid")
+    rj.add_argument("--force", action="store_true", help="rebuild a follower that is not diverged too")
+
+
+def _cluster(a: argparse.Namespace) -> int:
+    access = cluster.Access(
+        addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
+        user=os.environ.get("SMARTCACHE_TARANTOOL_USER") or "smartcache",
+        password=os.environ.get("SMARTCACHE_TARANTOOL_PASSWORD") or "smartcache",
+    )
+    try:
+        if a.operation == "status":
+            doc = cluster.status(access)
+            _print(_jsonable(doc))
+            return EXIT_OK if doc["healthy"] else EXIT_STATUS
+        if a.operation == "switchover":
+            doc = cluster.switchover(access, a.instance, a.timeout_ms)
+        else:
+            doc = cluster.rejoin(access, a.instance, force=a.force)
+    except LookupError as e:
+        _print({"error": "NOT_FOUND", "message": str(e)})
+        return EXIT_TRANSPORT
+    _print(_jsonable(doc))
+    return EXIT_OK if doc.get("status") == "OK" else EXIT_STATUS
 
 
 def _parse_data(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -233,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     """Exit 0 on an OK reply, 1 on another status, 2 on a transport error, a timeout or bad arguments."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "cluster":
+        return _cluster(args)
     _parse_data(parser, args)
     endpoint = args.endpoint
     try:
