@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,8 +29,9 @@ import zmq
 from service import __version__, logs
 from service.broker import Broker
 from service.config import Settings, SettingsError, unknown_variables
-from service.handlers import Handler
+from service.handlers import Handler, plain
 from service.metrics import Metrics
+from service.protocol import REGISTRY
 from service.workers import WorkerPool
 
 log = structlog.get_logger("main")
@@ -49,7 +51,10 @@ class Service:
         self.settings = settings
         self.context: zmq.Context[Any] = zmq.Context()
         self.metrics = Metrics()
-        self.pool = WorkerPool(settings=settings, context=self.context, metrics=self.metrics, handlers=handlers)
+        self.started_at = time.monotonic()
+        self.pool = WorkerPool(
+            settings=settings, context=self.context, metrics=self.metrics, handlers=handlers, introspect=self.introspect
+        )
         self.broker = Broker(
             settings=settings, context=self.context, metrics=self.metrics, local_workers=self.pool.local
         )
@@ -77,6 +82,30 @@ class Service:
             queue_capacity=s.queue_capacity,
             tarantool=s.tarantool[0],
         )
+
+    def introspect(self) -> dict[str, Any]:
+        """The service's own state for INFO (read from a worker's thread: plain reads of counters)."""
+        s, dispatcher = self.settings, self.broker.dispatcher
+        messages: dict[str, dict[str, int]] = {}
+        for metric in self.metrics.messages.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    messages.setdefault(sample.labels["type"], {})[sample.labels["outcome"]] = int(sample.value)
+        return {
+            "version": __version__,
+            "uptime_s": int(time.monotonic() - self.started_at),
+            "settings": plain(s.redacted()),
+            "queue": {"depth": len(self.broker.queue), "capacity": s.queue_capacity, "stopping": self.broker.stopping},
+            "workers": {
+                "slots": s.workers,
+                "busy": len(dispatcher.inflight),
+                "threads": s.worker_threads,
+                "busy_by_type": {
+                    REGISTRY.types_by_id[t].name: n for t, n in list(self.broker.queue.running.items()) if n
+                },
+            },
+            "messages": messages,
+        }
 
     def live(self) -> Mapping[str, bool]:
         """/health/live: the broker loop runs (else restarting the process is the cure)."""

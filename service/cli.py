@@ -134,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--raw", action="store_true", help=RAW_HELP)
 
     command("ping", "check that the service answers (the broker replies itself)")
+    command("info", "what the service is and does now: version, settings, queue, workers, storage, counts")
 
     c = command("session-create", "create a session for a client; prints its id")
     c.add_argument("client_id", help="the bank's client id")
@@ -261,6 +262,8 @@ def _run(c: Client, a: argparse.Namespace) -> Reply | None:
     match a.command:
         case "ping":
             return c.ping()
+        case "info":
+            return c.call("INFO")
         case "session-create":
             return c.session_create(a.client_id, data=a.data, ttl_s=a.ttl, version=a.version, session_id=a.session)
         case "session-get":

@@ -181,6 +181,9 @@ class _Helpers(ABC, Generic[R]):
     def ping(self) -> R:
         return self.call("PING")
 
+    def info(self) -> R:
+        return self.call("INFO")
+
     def session_create(
         self,
         client_id: str,

@@ -15,6 +15,7 @@ from typing import Any
 
 from service.backend import Backend
 from service.config import Settings
+from service.errors import StorageError
 from service.metrics import Metrics
 from service.protocol import NO_SESSION, Header
 from service.storage import Storage
@@ -59,6 +60,8 @@ class Context:
     enqueue: Callable[[str, dict[str, Any], bytes], None]
     #: unique per worker slot use: prewarm lease owner ids are built from it
     owner_prefix: str
+    #: the service's own state for INFO (version, settings, queue, workers, counts)
+    introspect: Callable[[], dict[str, Any]] = field(default=dict)
 
 
 Handler = Callable[[Request, Context], Awaitable[dict[str, Any]]]
@@ -134,7 +137,27 @@ async def device_lookup(req: Request, ctx: Context) -> dict[str, Any]:
     return await ctx.storage.call("device_lookup", [req.body["device_id"]])
 
 
+async def info(req: Request, ctx: Context) -> dict[str, Any]:
+    """The service's state, its storage instances as this worker sees them, and the leader's statistics."""
+    try:
+        stats = await ctx.storage.call("stats", [])
+        stats.pop("status", None)
+    except StorageError as e:
+        stats = {"error": str(e)}
+    return {"status": "OK", **ctx.introspect(), "storage": ctx.storage.describe(), "storage_stats": plain(stats)}
+
+
+def plain(value: Any) -> Any:
+    """A value the wire can carry in a body: map keys as strings, tuples as lists."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
 HANDLERS: dict[str, Handler] = {
+    "INFO": info,
     "SESSION_CREATE": session_create,
     "SESSION_GET": session_get,
     "SESSION_TOUCH": session_touch,

@@ -238,6 +238,21 @@ class Storage:
         for instance in self.instances:
             await instance.close()
 
+    def describe(self) -> list[dict[str, Any]]:
+        """Each instance as this connection sees it (for INFO)."""
+        return [
+            {
+                "address": i.address,
+                "state": i.state,
+                "leader": i is self.leader,
+                "role": i.role.get("role"),
+                "writable": i.writable,
+                "term": i.term,
+                "clock_offset_ms": round(i.offset_ms, 1),
+            }
+            for i in self.instances
+        ]
+
     # -- who leads ----------------------------------------------------------------
 
     def _elect(self) -> None:

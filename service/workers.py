@@ -84,8 +84,10 @@ class Worker:
         context: zmq.Context[Any],
         metrics: Metrics,
         handlers: dict[str, Handler] | None = None,
+        introspect: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self.index = index
+        self._introspect = introspect
         self.slots = slots
         self._settings = settings
         self._ctx = context
@@ -120,6 +122,7 @@ class Worker:
             metrics=self._metrics,
             enqueue=self.enqueue,
             owner_prefix=f"{self._settings.instance_id}/w{self.index}",
+            introspect=self._introspect,
         )
         sock = self._sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, b"w%d" % self.index)
@@ -283,11 +286,20 @@ class WorkerPool:
         context: zmq.Context[Any],
         metrics: Metrics,
         handlers: dict[str, Handler] | None = None,
+        introspect: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         n = max(1, settings.worker_threads)
         sizes = [settings.workers // n + (1 if i < settings.workers % n else 0) for i in range(n)]
         self.workers = [
-            Worker(index=i, slots=s, settings=settings, context=context, metrics=metrics, handlers=handlers)
+            Worker(
+                index=i,
+                slots=s,
+                settings=settings,
+                context=context,
+                metrics=metrics,
+                handlers=handlers,
+                introspect=introspect,
+            )
             for i, s in enumerate(sizes)
         ]
         self.local = self.workers if settings.worker_threads == 0 else []
