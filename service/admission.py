@@ -22,7 +22,7 @@ import zmq
 
 from service.config import Settings
 from service.errors import ProtocolError
-from service.metrics import REJECTION_REASONS, Metrics
+from service.metrics import REJECTION_REASONS, Metrics, label
 from service.protocol import (
     FLAG_DATA_ERROR,
     REGISTRY,
@@ -59,7 +59,7 @@ class Admission:
         self._frontend: zmq.Socket[Any] | None = None
         self._seq = itertools.count(1)
         self._type_names = {t.id: t.name for t in REGISTRY.types.values()}
-        self._durations = {t.id: metrics.duration.labels(t.name) for t in REGISTRY.types.values()}
+        self._durations = {t.id: metrics.duration.labels(label(t.name)) for t in REGISTRY.types.values()}
         self._outcomes: dict[tuple[int, str], Any] = {}
         self._rejections = {r: metrics.rejections.labels(r) for r in REJECTION_REASONS}
         self._error_bodies: dict[tuple[str, str], bytes] = {}
@@ -182,14 +182,14 @@ class Admission:
         child = self._outcomes.get(key)
         if child is None:
             name = self._type_names.get(type_id, "UNKNOWN")
-            child = self._outcomes[key] = self._metrics.messages.labels(name, outcome)
+            child = self._outcomes[key] = self._metrics.messages.labels(label(name), label(outcome))
         child.inc()
 
     def observe(self, type_id: int, seconds: float) -> None:
         self._durations[type_id].observe(seconds)
 
     def _bad_input(self, envelope: list[bytes], header_frame: bytes, error: str, message: str) -> None:
-        self._metrics.bad_input.labels(error).inc()
+        self._metrics.bad_input.labels(label(error)).inc()
         self._answer_error(envelope, loose_header(header_frame), error, message, frame_no_reply(header_frame))
 
     def _answer_error(self, envelope: list[bytes], header: Header, error: str, message: str, no_reply: bool) -> None:

@@ -37,7 +37,7 @@ from service import eventloop, inproc
 from service.admission import Admission
 from service.config import Settings
 from service.dispatch import Dispatcher
-from service.metrics import Metrics
+from service.metrics import Metrics, label
 from service.protocol import REGISTRY
 from service.queue import PriorityQueue
 from service.zmqio import readable, recv_frames
@@ -102,8 +102,8 @@ class Broker:
         metrics.watch(metrics.queue_depth, lambda: len(self.queue))
         metrics.watch(metrics.workers_busy, lambda: len(self.dispatcher.inflight))
         for t in REGISTRY.types.values():
-            metrics.watch(metrics.workers_busy_by_type.labels(t.name), self._running_of(t.id))
-            metrics.bulkhead_limit.labels(t.name).set(self.queue.limits[t.id])
+            metrics.watch(metrics.workers_busy_by_type.labels(label(t.name)), self._running_of(t.id))
+            metrics.bulkhead_limit.labels(label(t.name)).set(self.queue.limits[t.id])
 
     def _running_of(self, type_id: int) -> Callable[[], float]:
         return lambda: self.queue.running[type_id]

@@ -17,6 +17,7 @@ import structlog
 from service.errors import DeadlineExceeded, OutcomeUnknown, ProtocolError, StorageUnavailable
 from service.handlers import Context, Handler, Request
 from service.job import Job
+from service.metrics import label
 from service.protocol import (
     FLAG_DATA_ERROR,
     NO_SESSION,
@@ -57,7 +58,7 @@ async def execute(job: Job, context: Context, handlers: Mapping[str, Handler], m
     try:
         body = decode_body(job.body, max_bytes=max_body_bytes)
     except ProtocolError as e:
-        context.metrics.bad_input.labels(e.transport_error).inc()
+        context.metrics.bad_input.labels(label(e.transport_error)).inc()
         return failure(e.transport_error, str(e))
     problem = spec.check_request(body) or _session_problem(spec.session, header.session_id)
     if problem is not None:

@@ -1,7 +1,9 @@
 """Prometheus metrics: one registry, one prefix (``smartcache_``), base units.
 
 Labels are bounded: message type names, outcome names and procedure names
-come from the registry and the code; no client or session ids. Gauges that
+come from the registry and the code; no client or session ids. Every label
+value is lower case (``label``): the registry's names (SESSION_GET, NOT_FOUND)
+appear as session_get, not_found, like the code's own reasons (client_gone). Gauges that
 mirror broker state are computed on scrape (``set_function``), so the hot
 path pays nothing for them.
 
@@ -49,6 +51,11 @@ Checks = Callable[[], Mapping[str, bool]]
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide: no *_created series
 log = structlog.get_logger("metrics")
+
+
+def label(name: str) -> str:
+    """A label value: the one case for every value (registry names are upper case)."""
+    return name.lower()
 
 
 class Metrics:
@@ -172,8 +179,8 @@ class Metrics:
         self.build_info.labels(__version__, platform.python_version(), str(REGISTRY.version)).set(1)
         # Pre-create label children so every series exists from the start.
         for name in REGISTRY.types:
-            self.duration.labels(name)
-            self.workers_busy_by_type.labels(name)
+            self.duration.labels(label(name))
+            self.workers_busy_by_type.labels(label(name))
         for outcome in ("started", "skipped_fresh", "skipped_busy", "completed", "failed"):
             self.prewarm.labels(outcome)
         for source in ("cache", "waited", "fetched", "error"):
@@ -181,7 +188,7 @@ class Metrics:
         for reason in REJECTION_REASONS:
             self.rejections.labels(reason)
         for error in BAD_INPUT_ERRORS:
-            self.bad_input.labels(error)
+            self.bad_input.labels(label(error))
 
     def watch(self, gauge: Gauge, fn: Callable[[], float]) -> None:
         """Compute a gauge on scrape."""

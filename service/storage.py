@@ -55,7 +55,7 @@ from service.errors import (
     StorageUnavailable,
 )
 from service.job import Job, current_job
-from service.metrics import Metrics
+from service.metrics import Metrics, label
 
 log = structlog.get_logger("storage")
 
@@ -392,7 +392,7 @@ class Storage:
         key = (procedure, outcome)
         counter = self._calls.get(key)
         if counter is None:
-            counter = self._calls[key] = self._metrics.storage_calls.labels(procedure, outcome)
+            counter = self._calls[key] = self._metrics.storage_calls.labels(procedure, label(outcome))
         counter.inc()
         hist = self._latency.get(procedure)
         if hist is None:

@@ -43,7 +43,7 @@ from service.config import Settings
 from service.execute import Answer, execute, failure
 from service.handlers import Context, Handler
 from service.job import Job, current_job
-from service.metrics import Metrics
+from service.metrics import Metrics, label
 from service.prewarm import ALL_HANDLERS
 from service.protocol import (
     FLAG_NO_REPLY,
@@ -246,7 +246,8 @@ class Worker:
         key = (frame_type(job.header), outcome)
         child = self._outcomes.get(key)
         if child is None:
-            child = self._outcomes[key] = self._metrics.messages.labels(REGISTRY.types_by_id[key[0]].name, outcome)
+            name = REGISTRY.types_by_id[key[0]].name
+            child = self._outcomes[key] = self._metrics.messages.labels(label(name), label(outcome))
         child.inc()
 
 

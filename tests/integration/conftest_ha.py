@@ -157,15 +157,23 @@ class HACluster:
 
 
 @contextlib.contextmanager
-def ha_cluster(base: Path, **extra_env: str) -> Iterator[HACluster]:
-    """etcd and three empty instances; returns once one leads and two follow."""
+def ha_cluster(base: Path, data_dirs: dict[str, Path] | None = None, **extra_env: str) -> Iterator[HACluster]:
+    """etcd and three empty instances; returns once one leads and two follow.
+
+    data_dirs: a data dir of its own for some instances (say, a small tmpfs).
+    """
     etcd = Etcd.create(base)
     etcd.start()
     cluster = None
     try:
         etcd.wait_ready()
         env = ha_env(etcd, f"t{random.randrange(1 << 30)}", **extra_env)
-        nodes = {name: Tarantool.create(name, base, extra_env=env) for name in NAMES}
+        nodes = {}
+        for name in NAMES:
+            own = (data_dirs or {}).get(name)
+            nodes[name] = Tarantool.create(name, base, extra_env={**env, "SC_DATA_DIR": str(own)} if own else env)
+            if own:
+                nodes[name].data_dir = own
         cluster = HACluster(base, etcd, nodes)
         for node in nodes.values():
             node.start()

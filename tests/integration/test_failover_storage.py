@@ -5,7 +5,10 @@ The service is not involved: procedures are called directly, as the service woul
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -246,3 +249,64 @@ def test_an_old_leader_with_rows_nobody_has_is_diverged_until_rebuilt_by_rejoin(
     assert ha.call(old, "cache_get", "", "diverging-key")["status"] == "NOT_FOUND"  # type: ignore[index]
     status, health = http_get_json(node.http_url + "/health")
     assert status == 200, health
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB tmpfs, unmounted afterwards (needs root, as `make test` runs here)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write zeros into directory until its filesystem is full; returns the filler file."""
+    filler = directory / "filler"
+    chunk = b"\0" * (1 << 20)
+    with filler.open("wb", buffering=0) as f:
+        with contextlib.suppress(OSError):  # ENOSPC
+            while True:
+                f.write(chunk)
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 512)
+    return filler
+
+
+def test_a_leader_whose_disk_fills_up_steps_down_and_a_healthy_follower_takes_over(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    with ha_cluster(tmp_path, data_dirs={"ha1": small_disk / "ha1"}) as ha:
+        leader = ha.leader()
+        if leader != "ha1":
+            target = ha.role("ha1")["instance_uuid"]  # type: ignore[index]
+            assert ha.call(leader, "switchover", target, 5000)["status"] == "OK"  # type: ignore[index]
+        assert ha.leader() == "ha1"
+        with WritableSampler(ha) as sampler, Writer(ha) as writer:
+            eventually(lambda: len(writer.acked) > 100, what="writes flowing")
+            filler = fill(small_disk)
+            filled_at = time.monotonic()
+            new = ha.leader(exclude=("ha1",))
+            eventually(lambda: len([1 for t, _ in writer.acked if t > filled_at]) > 100, what="writes go on")
+            broken = ha.role("ha1")
+            assert broken is not None
+            assert broken["role"] != "leader"
+            assert broken["writable"] is False
+            assert broken["wal_broken"]
+            assert broken["eligible"] is False
+            status, health = http_get_json(ha.nodes["ha1"].http_url + "/health")
+            assert status == 503
+            assert any("WAL" in p for p in health["problems"]), health["problems"]
+            # The disk gets room again: the instance replicates again and may be elected again.
+            filler.unlink()
+            eventually(lambda: (r := ha.role("ha1")) is not None and r["wal_broken"] is None, timeout_s=30)
+        assert sampler.violations == []
+        acked = [sid for _, sid in writer.acked]
+        missing = [sid for sid in acked if (g := ha.call(new, "session_get", sid)) is None or g["status"] != "OK"]
+        assert missing == []

@@ -34,6 +34,6 @@ def test_info_shows_version_settings_without_secrets_queue_workers_storage_and_c
     assert info["workers"]["busy"] >= 1  # the INFO message itself
     (instance,) = info["storage"]
     assert (instance["address"], instance["state"], instance["leader"]) == (storage.address, "up", True)
-    assert info["messages"]["DEVICE_BIND"]["OK"] >= 1
+    assert info["messages"]["device_bind"]["ok"] >= 1
     assert info["storage_stats"]["schema_version"] >= 2
     assert "device" in info["storage_stats"]["spaces"]

@@ -57,7 +57,7 @@ def test_app_start_from_unknown_device_calls_nothing_and_answers_nothing(storage
 
             h = Header.request(REGISTRY.types["APP_START"].id, request_id=1)
             sock.send_multipart([encode_header(h), encode_body({"device_id": "never-seen"})])
-            eventually(lambda: _metric(a, "smartcache_messages_total", outcome="NOT_FOUND", type="APP_START") == 1)
+            eventually(lambda: _metric(a, "smartcache_messages_total", outcome="not_found", type="app_start") == 1)
             assert sock.poll(200) == 0  # processed, and nothing came back
         finally:
             sock.close()

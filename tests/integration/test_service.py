@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -341,7 +342,7 @@ def test_sigterm_under_load_answers_every_request_once_and_exits_0(storage: Tara
 
 def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
     url = svc.metrics_url
-    ok_binds = {"outcome": "OK", "type": "DEVICE_BIND"}
+    ok_binds = {"outcome": "ok", "type": "device_bind"}
     before = metric(url, "smartcache_messages_total", ok_binds)
     for i in range(50):
         svc.client.device_bind(f"m{i}", "c")
@@ -365,9 +366,9 @@ def test_metrics_show_every_metric_and_move_under_load(svc: Running) -> None:
     ):
         assert name in after, name
     assert metric(url, "smartcache_messages_total", ok_binds) - before == 50
-    assert metric(url, "smartcache_storage_calls_total", {"outcome": "OK", "procedure": "device_bind"}) >= 50
+    assert metric(url, "smartcache_storage_calls_total", {"outcome": "ok", "procedure": "device_bind"}) >= 50
     assert metric(url, "smartcache_queue_capacity") == 3000
-    assert metric(url, "smartcache_request_duration_seconds_count", {"type": "DEVICE_BIND"}) >= 50
+    assert metric(url, "smartcache_request_duration_seconds_count", {"type": "device_bind"}) >= 50
 
 
 # -- logs -------------------------------------------------------------------------
@@ -423,3 +424,12 @@ def test_reply_to_a_vanished_client_is_counted_not_lost_silently(storage: Tarant
             what="drop counted",
         )
         assert r.client.device_lookup("sleep:1").ok  # and it keeps serving
+
+
+def test_every_label_value_is_lower_case_and_no_created_series(svc: Running) -> None:
+    svc.client.device_lookup("case")
+    text = httpx.get(svc.metrics_url, timeout=5).text
+    values = [v for line in text.splitlines() if not line.startswith("#") for v in re.findall(r'="([^"]*)"', line)]
+    upper = {v for v in values if v != v.lower() and v != "+Inf"}  # +Inf: the histogram bucket bound
+    assert not upper, sorted(upper)[:10]
+    assert "_created" not in text
