@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from service.errors import BackendError, StorageError
-from service.handlers import HANDLERS, Context, Handler, Request
+from service.handlers import Context, Handler, Request
 from service.job import current_job
 
 log = structlog.get_logger("prewarm")
@@ -159,8 +159,7 @@ async def products_get(req: Request, ctx: Context) -> dict[str, Any]:
     return _error(ctx, "TIMEOUT", f"products {data_type} of {client_id} not ready within the lifetime")
 
 
-ALL_HANDLERS: dict[str, Handler] = {
-    **HANDLERS,
+HANDLERS: dict[str, Handler] = {
     "APP_START": app_start,
     "PREWARM_FETCH": prewarm_fetch,
     "PRODUCTS_GET": products_get,

@@ -44,7 +44,6 @@ from service.execute import Answer, execute, failure
 from service.handlers import Context, Handler
 from service.job import Job, current_job
 from service.metrics import Metrics, label
-from service.prewarm import ALL_HANDLERS
 from service.protocol import (
     FLAG_NO_REPLY,
     NO_SESSION,
@@ -56,6 +55,7 @@ from service.protocol import (
     frame_request_id,
     frame_type,
 )
+from service.routes import ALL_HANDLERS
 from service.storage import Storage
 from service.zmqio import NOBLOCK, readable
 

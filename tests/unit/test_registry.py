@@ -5,8 +5,8 @@ from pathlib import Path
 
 from service import errors
 from service.metrics import BAD_INPUT_ERRORS
-from service.prewarm import ALL_HANDLERS
 from service.protocol import REGISTRY
+from service.routes import ALL_HANDLERS
 from service.storage import WRITES
 
 MESSAGE_TYPES = {
