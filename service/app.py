@@ -28,9 +28,10 @@ import zmq
 
 from service import __version__, logs
 from service.broker import Broker
-from service.config import Settings, SettingsError, unknown_variables
+from service.config import Settings, unknown_variables
 from service.handlers import Handler, plain
 from service.metrics import Metrics
+from service.parsers import SettingsError
 from service.protocol import REGISTRY
 from service.workers import WorkerPool
 

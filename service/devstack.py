@@ -41,7 +41,8 @@ from typing import Any, TextIO
 
 import structlog
 
-from service.config import PORT_OFFSET_VARIABLE, Settings, SettingsError
+from service.config import PORT_OFFSET_VARIABLE, Settings
+from service.parsers import SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA_INIT = ROOT / "lua" / "init.lua"

@@ -2,13 +2,8 @@
 
 import pytest
 
-from service.config import (
-    DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_WORKERS,
-    Settings,
-    SettingsError,
-    unknown_variables,
-)
+from service.config import DEFAULT_QUEUE_CAPACITY, DEFAULT_WORKERS, Settings, unknown_variables
+from service.parsers import SettingsError
 
 
 def test_defaults_without_environment() -> None:
