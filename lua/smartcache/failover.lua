@@ -139,7 +139,7 @@ end
 --   box          adapter (M.box_adapter for the real one): uuid(), id(), vclock(), replicaset(),
 --                read_only(bool), follow(uri|nil), downstreams() -> {{uuid, status, vclock}},
 --                clear_synchro_queue(), set_quorum(n), on_promote(), wal_errors() -> counter,
---                wal_probe() -> ok, err,
+--                disk_check() -> ok, why (the WAL's disk has room and takes a write),
 --                quiesce() -> ok, err (read-only once every submitted write is in the WAL)
 --   cluster, uri, ttl (s), margin (s), poll (s), quorum (synchronous), election_quorum
 --   (a majority of the configured members), candidate (bool), data_dir
@@ -186,6 +186,7 @@ function M.new(opts)
     self.diverged = nil        -- reason, while diverged
     self.wal_broken = nil      -- reason, after a WAL failure made us step down
     self.wal_errors_seen = self.box.wal_errors()
+    self.next_disk_check = 0
     self.handing_over = false
     self.promoting = false
     self.last_error = nil
@@ -230,7 +231,6 @@ function F:step_down(reason, opts)
     self.counters.step_downs = self.counters.step_downs + 1
     if opts and opts.wal then
         self.wal_broken = reason
-        self.wal_broken_sum = vclock_sum(self.box.vclock())
     end
     if self.role ~= 'diverged' then
         self.role = 'candidate'
@@ -354,24 +354,37 @@ end
 
 -- control -------------------------------------------------------------------------
 
--- A leader whose WAL fails steps down instead of answering errors.
-function F:check_wal()
+-- The WAL's disk, checked every keepalive interval and at once when procedures
+-- count new WAL errors: free space below the minimum, or a write that fails,
+-- makes the instance ineligible, and a leader steps down (fences itself and
+-- frees the key) so that a healthy follower takes over. Stepping down *before*
+-- the disk is full matters on 2.6.0: a synchronous write failing in the WAL
+-- under concurrent load crashed it (SIGSEGV in txn_free) in our tests.
+-- Clears itself when the disk is fine again.
+function F:check_disk()
     local n = self.box.wal_errors()
-    if n <= self.wal_errors_seen then
-        if self.wal_broken ~= nil and vclock_sum(self.box.vclock()) > self.wal_broken_sum then
-            self.log.info('failover: WAL writes work again')
+    local now = self.clock()
+    if n <= self.wal_errors_seen and now < self.next_disk_check then
+        return
+    end
+    self.wal_errors_seen = n
+    self.next_disk_check = now + self.keepalive_interval
+    local ok, why = self.box.disk_check()
+    if ok then
+        if self.wal_broken ~= nil then
+            self.log.info('failover: the WAL disk is fine again')
             self.wal_broken = nil
             self.next_publish = 0
         end
         return
     end
-    self.wal_errors_seen = n
-    if self.role ~= 'leader' then
-        return
+    if self.wal_broken == nil then
+        self.log.error('failover: %s', tostring(why))
+        self.next_publish = 0
     end
-    local ok, err = self.box.wal_probe()
-    if not ok then
-        self:step_down('WAL write failed: ' .. tostring(err), {wal = true})
+    self.wal_broken = tostring(why)
+    if self.role == 'leader' or self.role == 'fenced' then
+        self:step_down(self.wal_broken, {wal = true})
     end
 end
 
@@ -584,7 +597,7 @@ function F:no_leader(rev)
 end
 
 function F:control_step()
-    self:check_wal()
+    self:check_disk()
     if self.lease_id == nil then
         if self.role == 'leader' then
             self:fence('no lease')
@@ -754,17 +767,19 @@ function F:hand_over(cand, timeout_s)
             pause_ms = math.floor((self.clock() - t0) * 1000), candidate_uuid = cand.uuid, term = rev}
 end
 
--- What role() and /health report.
+-- What role() and /health report. Absent values are box.NULL, so every key is always there.
 function F:status()
     local leader = self.leader or {}
+    local null = box.NULL
     return {
         role = self.role, writable = self.writable(), term = self.term,
         lease_left_ms = math.floor(self:lease_left() * 1000),
-        leader_uuid = leader.uuid, leader_uri = leader.uri,
+        leader_uuid = leader.uuid or null, leader_uri = leader.uri or null,
         instance_uuid = self.uuid, uri = self.uri,
-        fenced = self.role == 'fenced', fence_reason = self.fence_reason,
-        diverged = self.diverged, wal_broken = self.wal_broken,
-        eligible = self:eligible(), lease_id = self.lease_id, etcd_error = self.last_error,
+        fenced = self.role == 'fenced', fence_reason = self.fence_reason or null,
+        diverged = self.diverged or null, wal_broken = self.wal_broken or null,
+        eligible = self:eligible(), lease_id = self.lease_id or null, etcd_error = self.last_error or null,
+        quorum = self.effective_quorum or self.quorum,
         counters = self.counters,
     }
 end
@@ -823,14 +838,20 @@ function M.box_adapter(opts)
     local function probe()
         box.space.sc_meta:replace({'failover_probe', fiber.time()})
     end
-    -- Can the WAL's filesystem take a write? Asked of the disk directly, not
-    -- through the WAL: on 2.6.0 writes queued behind a synchronous write that
-    -- times out fail with the same ER_WAL_IO as a full disk.
-    local function disk_probe()
+    -- Has the WAL's filesystem room, and does it take a write? Asked of the
+    -- disk directly, not through the WAL: on 2.6.0 writes queued behind a
+    -- synchronous write that times out fail with the same ER_WAL_IO as a full disk.
+    local function disk_check()
+        local storage = require('smartcache.storage')
+        local free = storage.disk_free(box.cfg.wal_dir)
+        if free ~= nil and free < storage.min_free_bytes then
+            return false, string.format('WAL disk almost full: %d MiB free, %d MiB needed',
+                math.floor(free / 1048576), math.floor(storage.min_free_bytes / 1048576))
+        end
         local path = fio.pathjoin(box.cfg.wal_dir, '.sc_wal_probe')
         local fh, err = fio.open(path, {'O_WRONLY', 'O_CREAT', 'O_TRUNC'}, tonumber('644', 8))
         if fh == nil then
-            return false, 'Failed to write to disk: ' .. tostring(err)
+            return false, 'WAL disk does not take a write: ' .. tostring(err)
         end
         local ok, werr = fh:write(string.rep('\0', 4096))
         if ok then
@@ -839,7 +860,7 @@ function M.box_adapter(opts)
         fh:close()
         fio.unlink(path)
         if not ok then
-            return false, 'Failed to write to disk: ' .. tostring(werr or require('errno').strerror())
+            return false, 'WAL disk does not take a write: ' .. tostring(werr or require('errno').strerror())
         end
         return true
     end
@@ -886,7 +907,7 @@ function M.box_adapter(opts)
         end,
         on_promote = opts.on_promote or function() end,
         wal_errors = function() return stats.wal_errors end,
-        wal_probe = disk_probe,
+        disk_check = disk_check,
         -- Writes queue in the WAL in order (and async ones behind pending sync
         -- ones), so once our own write returns, every write submitted before it
         -- is in the WAL. Expiry holds still meanwhile, then the box turns read-only.

@@ -119,7 +119,7 @@ local function metrics()
             '1 when fenced (a leader whose lease is unproven).', {{'', st.fenced and 1 or 0}})
         metric(out, 'smartcache_tarantool_failover_diverged', 'gauge',
             '1 when this instance holds rows the leader does not (rebuild it: cluster rejoin).',
-            {{'', st.diverged and 1 or 0}})
+            {{'', st.diverged ~= nil and 1 or 0}})
         local events = {}
         for _, e in ipairs({'elections_won', 'promotions', 'fences', 'step_downs', 'etcd_errors', 'divergences',
                             'switchovers'}) do

@@ -1,5 +1,6 @@
 -- Run-time pieces every instance needs once the schema exists: triggers and
 -- fibers; and the instance's health, as /health and /metrics report it.
+local ffi = require('ffi')
 local fiber = require('fiber')
 local log = require('log')
 local prewarm = require('smartcache.prewarm')
@@ -13,6 +14,28 @@ local M = {}
 M.WAL_ERROR_WINDOW_S = 30
 -- Unhealthy above this share of memtx_memory in use.
 M.MEMTX_LIMIT_RATIO = 0.9
+
+-- Below this much free space on the WAL's filesystem the instance is unhealthy,
+-- and a leader steps down before writes start failing (smartcache.failover).
+M.min_free_bytes = require('smartcache.util').env_number('SC_WAL_MIN_FREE_MB', 64) * 1024 * 1024
+
+pcall(ffi.cdef, [[
+struct sc_statvfs {
+    unsigned long f_bsize, f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree, f_favail,
+                  f_fsid, f_flag, f_namemax;
+    int spare[6];
+};
+int statvfs(const char *path, struct sc_statvfs *buf);
+]])
+
+-- Bytes an unprivileged writer may still use on the filesystem of path; nil if unknown.
+function M.disk_free(path)
+    local buf = ffi.new('struct sc_statvfs')
+    if ffi.C.statvfs(path, buf) ~= 0 then
+        return nil
+    end
+    return tonumber(buf.f_bavail) * tonumber(buf.f_frsize)
+end
 
 -- WAL failures seen by procedures (stats.wal_errors), with the time of the last one.
 M.wal = {errors = 0, last_error_at = nil}
@@ -79,10 +102,14 @@ function M.health()
     if memtx.used_ratio > M.MEMTX_LIMIT_RATIO then
         table.insert(problems, string.format('memtx %.0f%% used', memtx.used_ratio * 100))
     end
+    local free = type(box.cfg) == 'table' and M.disk_free(box.cfg.wal_dir) or nil
+    if free ~= nil and free < M.min_free_bytes then
+        table.insert(problems, string.format('WAL disk almost full: %d MiB free', math.floor(free / 1048576)))
+    end
     local doc = {status = box.info.status, read_only = box.info.ro, instance_id = box.info.id,
                  instance_uuid = box.info.uuid, schema_version = schema.current_version(),
                  replication = stats.replication(), memtx = memtx,
-                 wal = {errors = M.wal.errors, last_error_age_s = wal_age}}
+                 wal = {errors = M.wal.errors, last_error_age_s = wal_age, disk_free_bytes = free}}
     if failover == nil then
         doc.role = box.info.ro and 'replica' or 'master'
     else
@@ -94,7 +121,7 @@ function M.health()
             table.insert(problems, 'DIVERGED: ' .. st.diverged)
         end
         if st.wal_broken ~= nil then
-            table.insert(problems, 'stepped down: ' .. st.wal_broken)
+            table.insert(problems, st.wal_broken)
         end
     end
     doc.healthy = #problems == 0

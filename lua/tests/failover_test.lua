@@ -242,9 +242,9 @@ local function new_box(uuid, id, uri)
         end
     end
     b.wal_errors = function() return b.wal_errors_ end
-    b.wal_probe = function()
+    b.disk_check = function()
         if b.wal_fail then
-            return false, 'Failed to write to disk'
+            return false, 'WAL disk does not take a write: No space left on device'
         end
         return true
     end

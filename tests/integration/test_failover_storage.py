@@ -5,8 +5,8 @@ The service is not involved: procedures are called directly, as the service woul
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -265,24 +265,21 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def fill(directory: Path) -> Path:
-    """Write zeros into directory until its filesystem is full; returns the filler file."""
+def fill(directory: Path, leave_bytes: int) -> Path:
+    """Write zeros into directory until its filesystem has only leave_bytes free; returns the filler file."""
     filler = directory / "filler"
     chunk = b"\0" * (1 << 20)
     with filler.open("wb", buffering=0) as f:
-        with contextlib.suppress(OSError):  # ENOSPC
-            while True:
-                f.write(chunk)
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 512)
+        while (free := shutil.disk_usage(directory).free) > leave_bytes:
+            f.write(chunk[: min(len(chunk), free - leave_bytes)])
     return filler
 
 
 def test_a_leader_whose_disk_fills_up_steps_down_and_a_healthy_follower_takes_over(
     tmp_path: Path, small_disk: Path
 ) -> None:
-    with ha_cluster(tmp_path, data_dirs={"ha1": small_disk / "ha1"}) as ha:
+    """SC_WAL_MIN_FREE_MB=8 on a 32 MiB disk: the leader steps down before its writes can fail."""
+    with ha_cluster(tmp_path, data_dirs={"ha1": small_disk / "ha1"}, SC_WAL_MIN_FREE_MB="8") as ha:
         leader = ha.leader()
         if leader != "ha1":
             target = ha.role("ha1")["instance_uuid"]  # type: ignore[index]
@@ -290,7 +287,7 @@ def test_a_leader_whose_disk_fills_up_steps_down_and_a_healthy_follower_takes_ov
         assert ha.leader() == "ha1"
         with WritableSampler(ha) as sampler, Writer(ha) as writer:
             eventually(lambda: len(writer.acked) > 100, what="writes flowing")
-            filler = fill(small_disk)
+            filler = fill(small_disk, leave_bytes=2 << 20)
             filled_at = time.monotonic()
             new = ha.leader(exclude=("ha1",))
             eventually(lambda: len([1 for t, _ in writer.acked if t > filled_at]) > 100, what="writes go on")
