@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tarantool
 
-from service.devstack import http_get_json
+from service.devstack import Tarantool, http_get_json
+from tests.conftest import call, connect
 from tests.integration.conftest_ha import TTL_S, HACluster, WritableSampler, eventually, ha_cluster
 
 pytestmark = pytest.mark.slow
@@ -307,3 +309,39 @@ def test_a_leader_whose_disk_fills_up_steps_down_and_a_healthy_follower_takes_ov
         acked = [sid for _, sid in writer.acked]
         missing = [sid for sid in acked if (g := ha.call(new, "session_get", sid)) is None or g["status"] != "OK"]
         assert missing == []
+
+
+def test_a_restart_writes_nothing_so_an_instance_starts_on_a_full_disk(tmp_path: Path, small_disk: Path) -> None:
+    """Start-up writes only what changed: with its data dir's disk full, a standalone instance still starts."""
+    solo = Tarantool.create(
+        "solo", tmp_path, extra_env={"SC_DATA_DIR": str(small_disk / "solo"), "SC_WAL_MIN_FREE_MB": "8"}
+    )
+    solo.start()
+    try:
+        solo.wait_ready()
+        with connect(solo) as conn:
+            assert call(conn, "session_create", None, "client-full", None, 600, "x")["status"] == "OK"
+            sid = call(conn, "session_list", "client-full")["sessions"][0]["session_id"]
+            before = call(conn, "role")
+        assert before["role"] == "standalone"
+        solo.stop()
+        fill(small_disk, leave_bytes=0)
+        solo.start()
+
+        def answers() -> dict | None:
+            try:
+                with connect(solo) as conn:
+                    return call(conn, "role")
+            except (tarantool.error.Error, OSError):
+                return None
+
+        after = eventually(answers, what=solo.log_tail)
+        assert after["vclock"] == before["vclock"]
+        with connect(solo) as conn:
+            got = call(conn, "session_get", sid)
+        assert got["status"] == "OK"
+        status, health = http_get_json(solo.http_url + "/health")
+        assert status == 503
+        assert any("WAL disk almost full" in p for p in health["problems"])
+    finally:
+        solo.stop()
