@@ -341,7 +341,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(15)
+test:plan(17)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -711,6 +711,46 @@ test:test('a leader key left by our previous run is removed, not waited out', fu
     t:is(fake.kv[LEADER_KEY], nil, 'old key removed at once')
     round({a2})
     t:is(a2.fo.role, 'leader', 'and the restarted instance leads again')
+end)
+
+test:test("the leader's synchronous quorum counts every attached follower, never below the configured one", function(t)
+    t:plan(3)
+    reset()
+    local fake = new_fake()
+    local a = new_node(fake, 'a', 'aaaa', 1)
+    local b = new_node(fake, 'b', 'bbbb', 2)
+    local c = new_node(fake, 'c', 'cccc', 3)
+    run_for({a, b, c}, 1)
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, 'two followers attached: 3 (2.6.0 stalls when more replicas ack than needed)')
+    c.box.following = nil
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 2, 'one attached: the configured 2')
+    b.box.following = nil
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 2, 'none attached: still 2, writes wait for a follower')
+end)
+
+test:test('a WAL disk that runs out of room makes any member ineligible until it has room again', function(t)
+    t:plan(6)
+    reset()
+    local fake = new_fake()
+    local a = new_node(fake, 'a', 'aaaa', 1)
+    local b = new_node(fake, 'b', 'bbbb', 2)
+    local c = new_node(fake, 'c', 'cccc', 3)
+    run_for({a, b, c}, 1)
+    b.box.wal_fail = true  -- no WAL errors counted: found by the periodic check
+    run_for({a, b, c}, TTL / 3 + POLL)
+    t:ok(b.fo.wal_broken ~= nil, 'the follower noticed by itself')
+    t:is(b.fo:eligible(), false, 'and is not eligible')
+    a.box.wal_fail = true
+    run_for({a, b, c}, TTL / 3 + POLL)
+    t:is(a.fo.role ~= 'leader' and not a.fo.writable(), true, 'the leader stepped down without a failed write')
+    t:is(leader_of({a, b, c}), nil, 'one healthy member of three elects nobody')
+    b.box.wal_fail = false
+    run_for({a, b, c}, TTL / 3 + 2 * POLL)
+    t:is(b.fo.wal_broken, nil, 'room again: eligible again')
+    t:ok(leader_of({a, b, c}) ~= nil and leader_of({a, b, c}) ~= a, 'and a healthy member leads')
 end)
 
 os.exit(test:check() and 0 or 1)
