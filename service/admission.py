@@ -2,9 +2,16 @@
 
 Every message a client sends passes :meth:`Admission.accept`: the header is
 validated (the body only for PING, which is answered here), bad input is
-answered with its precise transport error and counted, a stopping service
-answers SHUTTING_DOWN, and everything else becomes a :class:`Holder` in the
-priority queue -- or is refused QUEUE_FULL at once. Every answer a client
+answered with its precise transport error and counted, a type the client's
+CURVE key may not send is answered FORBIDDEN, a stopping service answers
+SHUTTING_DOWN, and everything else becomes a :class:`Holder` in the priority
+queue -- or is refused QUEUE_FULL at once.
+
+Bad input costs the broker a reply each; a client that sends garbage at full
+speed must not be served first. So bad input is answered at most
+``bad_input_per_peer_per_s`` times a second per connection and
+``bad_input_per_s`` in all; beyond that it is dropped unanswered and counted
+(``smartcache_bad_input_throttled_total``), as PROTOCOL.md says. Every answer a client
 gets leaves through :meth:`Admission.send`, and every refusal through
 :meth:`Admission.refuse`, the cheap path that runs at overload rates (it
 patches the request's header in place of re-encoding it, and reuses encoded
@@ -39,6 +46,7 @@ from service.protocol import (
     with_transport_error,
 )
 from service.queue import Holder, PriorityQueue, QueueFull
+from service.security import KeyRing
 from service.zmqio import send_frames
 
 _PING = REGISTRY.types["PING"].id
@@ -46,13 +54,45 @@ _INTERNAL = frozenset(t.id for t in REGISTRY.types.values() if t.internal)
 _MAX_LIFETIME_S = REGISTRY.max_lifetime_ms / 1000
 #: encoded error bodies kept for reuse (refusals with a fixed message)
 ERROR_BODIES_KEPT = 256
+#: connections whose bad-input budget is tracked at once (the oldest are forgotten beyond)
+PEERS_TRACKED = 10_000
+
+
+class RateLimit:
+    """Token buckets: ``rate`` per second, bursts up to ``rate``, per key and in all."""
+
+    def __init__(self, per_key: int, total: int) -> None:
+        self._per_key, self._total = per_key, total
+        self._buckets: dict[bytes, tuple[float, float]] = {}
+        self._all = (float(total), time.monotonic())
+
+    def _take(self, bucket: tuple[float, float], rate: int, now: float) -> tuple[bool, tuple[float, float]]:
+        tokens, last = bucket
+        tokens = min(float(rate), tokens + (now - last) * rate)
+        if tokens < 1:
+            return False, (tokens, now)
+        return True, (tokens - 1, now)
+
+    def allow(self, key: bytes, now: float) -> bool:
+        if len(self._buckets) >= PEERS_TRACKED and key not in self._buckets:
+            self._buckets.clear()  # rare: forget everyone rather than grow without bound
+        ok, self._buckets[key] = self._take(self._buckets.get(key, (float(self._per_key), now)), self._per_key, now)
+        if not ok:
+            return False
+        ok, self._all = self._take(self._all, self._total, now)
+        return ok
 
 
 class Admission:
     """Validate, answer or queue what clients send; send every answer (broker thread only)."""
 
-    def __init__(self, *, settings: Settings, metrics: Metrics, queue: PriorityQueue) -> None:
+    def __init__(
+        self, *, settings: Settings, metrics: Metrics, queue: PriorityQueue, keyring: KeyRing | None = None
+    ) -> None:
+        """keyring: the CURVE client keys and their permissions (None: CURVE off, every type allowed)."""
         self.stopping = False
+        self._keyring = keyring
+        self._bad_input_limit = RateLimit(settings.bad_input_per_peer_per_s, settings.bad_input_per_s)
         self._settings = settings
         self._metrics = metrics
         self._queue = queue
@@ -68,8 +108,11 @@ class Admission:
         """The client socket answers leave through (bound by the broker)."""
         self._frontend = frontend
 
-    def accept(self, frames: list[bytes], now: float) -> None:
-        """One message as the client ROUTER received it: ``[identity, (empty delimiter), header, body]``."""
+    def accept(self, frames: list[bytes], now: float, user_id: str | None = None) -> None:
+        """One message as the client ROUTER received it: ``[identity, (empty delimiter), header, body]``.
+
+        user_id: the client's CURVE public key (z85), as the ZAP handler reported it.
+        """
         split = 2 if len(frames) > 2 and frames[1] == b"" else 1
         envelope, payload = frames[:split], frames[split:]
         if len(payload) != 2:
@@ -89,6 +132,11 @@ class Admission:
             self._bad_input(envelope, header_frame, "UNKNOWN_TYPE", f"type {header.type} is internal")
             return
         no_reply = frame_no_reply(header_frame)
+        if self._keyring is not None and not self._keyring.allows(user_id, header.type):
+            name = REGISTRY.types_by_id[header.type].name
+            client = self._keyring.name_of(user_id)
+            self._answer_error(envelope, header, "FORBIDDEN", f"key {client!r} may not send {name}", no_reply)
+            return
         limit = self._settings.max_body_bytes
         if len(body) > limit:
             self._bad_input(envelope, header_frame, "BODY_TOO_LARGE", f"body is {len(body)} bytes, limit {limit}")
@@ -190,6 +238,9 @@ class Admission:
 
     def _bad_input(self, envelope: list[bytes], header_frame: bytes, error: str, message: str) -> None:
         self._metrics.bad_input.labels(label(error)).inc()
+        if not self._bad_input_limit.allow(envelope[0], time.monotonic()):
+            self._metrics.bad_input_throttled.inc()
+            return
         self._answer_error(envelope, loose_header(header_frame), error, message, frame_no_reply(header_frame))
 
     def _answer_error(self, envelope: list[bytes], header: Header, error: str, message: str, no_reply: bool) -> None:

@@ -33,6 +33,7 @@ from service.handlers import Handler, plain
 from service.metrics import Metrics
 from service.parsers import SettingsError
 from service.protocol import REGISTRY
+from service.security import Curve
 from service.workers import WorkerPool
 
 log = structlog.get_logger("main")
@@ -56,19 +57,37 @@ class Service:
         self.pool = WorkerPool(
             settings=settings, context=self.context, metrics=self.metrics, handlers=handlers, introspect=self.introspect
         )
+        self.curve = (
+            Curve(
+                secret_key_file=settings.curve_secret_key_file,
+                clients_dir=settings.curve_clients_dir,
+                context=self.context,
+                metrics=self.metrics,
+            )
+            if settings.curve
+            else None
+        )
         self.broker = Broker(
-            settings=settings, context=self.context, metrics=self.metrics, local_workers=self.pool.local
+            settings=settings,
+            context=self.context,
+            metrics=self.metrics,
+            local_workers=self.pool.local,
+            curve=self.curve,
         )
         self.metrics_port = 0
 
     def start(self) -> None:
         s = self.settings
         try:
-            self.metrics_port = self.metrics.serve(s.metrics_addr, s.metrics_port, live=self.live, ready=self.ready)
+            self.metrics_port = self.metrics.serve(
+                s.metrics_addr, s.metrics_port, live=self.live, ready=self.ready, token=s.metrics_token
+            )
         except OSError as e:
             where = f"SMARTCACHE_METRICS_ADDR={s.metrics_addr} SMARTCACHE_METRICS_PORT={s.metrics_port}"
             raise StartError(f"{where}: {e.strerror or e}") from e
         self.pool.start()
+        if self.curve is not None:
+            self.curve.start()  # the ZAP handler answers before the client socket binds
         try:
             self.broker.start()
         except zmq.ZMQError as e:
@@ -123,12 +142,19 @@ class Service:
             "storage": all(w.storage is not None and w.storage.connected for w in self.pool.workers),
         }
 
+    def reload_keys(self) -> None:
+        """SIGHUP: read the allowed client keys again (adding and removing keys keeps other clients)."""
+        if self.curve is not None:
+            self.curve.keyring.reload()
+
     def stop(self) -> None:
         """Drain the broker, then stop the workers (deliberate order: replies need both)."""
         self.broker.stop()  # 1. no new work; queued and running messages finish or are refused
         self.broker.join(self.settings.drain_timeout_s + JOIN_MARGIN_S)
         self.pool.stop()  # 2. workers are idle now; close their storage connections
         self.pool.join(JOIN_MARGIN_S)
+        if self.curve is not None:
+            self.curve.stop()  # its ZAP socket lives in our context
         self.context.term()  # 3. every socket is closed; replies were flushed by the broker's linger
         self.metrics.close()  # 4. probes and scrapes last: they report the stop until the end
         log.info("service_stopped")
@@ -161,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = unknown_variables()
     if unknown:
         log.warning("unknown_settings", variables=unknown, hint="not read by the service: a typo?")
-    stop = threading.Event()
+    stop, reload = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     service = Service(settings)
     try:
         service.start()
@@ -171,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error("start_failed", error=str(e))  # noqa: TRY400 - the message says it all
         return 1
     while not stop.wait(0.5):
+        if reload.is_set():
+            reload.clear()
+            service.reload_keys()
         if not service.broker.is_alive():
             log.error("broker_died")
             return 1

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import structlog
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from service import eventloop, inproc
 from service.admission import Admission
@@ -40,7 +41,8 @@ from service.dispatch import Dispatcher
 from service.metrics import Metrics, label
 from service.protocol import REGISTRY
 from service.queue import PriorityQueue
-from service.zmqio import readable, recv_frames
+from service.security import Curve
+from service.zmqio import readable, recv_frames, recv_frames_with_user
 
 log = structlog.get_logger("broker")
 
@@ -56,6 +58,8 @@ FRONTEND_SNDHWM = 10_000
 OVERSIZE_MARGIN_BYTES = 64 * 1024
 FLUSH_LINGER_MS = 2000
 WATCHDOG_PERIOD_S = 0.25
+#: socket monitor events of a client whose CURVE handshake failed (unknown keys are counted by the ZAP callback)
+HANDSHAKE_FAILURES = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
 class LocalWorker(Protocol):
@@ -76,9 +80,12 @@ class Broker:
         context: zmq.Context[Any],
         metrics: Metrics,
         local_workers: Sequence[LocalWorker] = (),
+        curve: Curve | None = None,
     ) -> None:
-        """local_workers run on the broker's own event loop (worker_threads = 0)."""
+        """local_workers run on the broker's own event loop (worker_threads = 0); curve secures the client socket."""
         self._settings = settings
+        self._curve = curve
+        self._monitor: zmq.Socket[Any] | None = None
         self._local_workers = list(local_workers)
         self._loop: asyncio.AbstractEventLoop  # set in _main, on the broker thread
         self._finished: asyncio.Future[None]  # set in _main
@@ -94,7 +101,9 @@ class Broker:
             priorities={t.id: t.priority for t in REGISTRY.types.values()},
             limits={t.id: settings.bulkheads.get(t.name, settings.workers) for t in REGISTRY.types.values()},
         )
-        self.admission = Admission(settings=settings, metrics=metrics, queue=self.queue)
+        self.admission = Admission(
+            settings=settings, metrics=metrics, queue=self.queue, keyring=curve.keyring if curve else None
+        )
         self.dispatcher = Dispatcher(queue=self.queue, admission=self.admission, metrics=metrics)
         self._drain_deadline = 0.0
         self._sockets: tuple[zmq.Socket[Any], zmq.Socket[Any], zmq.Socket[Any]] | None = None
@@ -155,6 +164,10 @@ class Broker:
             frontend.setsockopt(zmq.RCVHWM, FRONTEND_RCVHWM)
             # A frame far over the body limit is not even buffered: its sender is disconnected.
             frontend.setsockopt(zmq.MAXMSGSIZE, self._settings.max_body_bytes + OVERSIZE_MARGIN_BYTES)
+            if self._curve is not None:
+                self._curve.secure(frontend)
+                # Handshakes that fail (plain text, a wrong server key) are counted: no frame of theirs arrives.
+                self._monitor = frontend.get_monitor_socket(HANDSHAKE_FAILURES)
             frontend.bind(self._settings.listen)
             self.endpoint = frontend.getsockopt_string(zmq.LAST_ENDPOINT)
             backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -176,7 +189,8 @@ class Broker:
             self._bound.set()
             return
         frontend, backend, control = sockets
-        fds = [int(sock.getsockopt(zmq.FD)) for sock in sockets]
+        watched = [*sockets, self._monitor] if self._monitor is not None else list(sockets)
+        fds = [int(sock.getsockopt(zmq.FD)) for sock in watched]
         self.admission.attach(frontend)
         loop = self._loop = asyncio.get_running_loop()
         self._finished = loop.create_future()
@@ -202,6 +216,9 @@ class Broker:
                 w.stop()
             if workers:
                 await asyncio.wait(workers, timeout=STOP_GRACE_S)
+            if self._monitor is not None:
+                frontend.disable_monitor()
+                self._monitor.close(linger=0)
             frontend.close(linger=FLUSH_LINGER_MS)
             backend.close(linger=0)
             control.close(linger=0)
@@ -239,6 +256,8 @@ class Broker:
             if readable(control):
                 control.recv()
                 self._begin_stop()
+            if self._monitor is not None and readable(self._monitor):
+                self._handshake_failures(self._monitor)
             now = time.monotonic()
             dispatcher.expire(now)
             dispatcher.dispatch(backend, now)
@@ -262,11 +281,22 @@ class Broker:
     def _from_clients(self, frontend: zmq.Socket[Any]) -> bool:
         """Accept up to one batch; True when more may be waiting."""
         accept = self.admission.accept
+        with_user = self._curve is not None
         for _ in range(CLIENT_BATCH):
             if not readable(frontend):  # cheaper than catching zmq.Again
                 return False
-            accept(recv_frames(frontend), time.monotonic())
+            if with_user:
+                frames, user = recv_frames_with_user(frontend)
+                accept(frames, time.monotonic(), user)
+            else:
+                accept(recv_frames(frontend), time.monotonic())
         return True
+
+    def _handshake_failures(self, monitor: zmq.Socket[Any]) -> None:
+        assert self._curve is not None
+        while readable(monitor):
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            self._curve.keyring.failed("handshake", zmq_event=str(event.get("event")), peer=str(event.get("endpoint")))
 
     def _arm_timer(self) -> None:
         """Wake at the next queue deadline (or soon, while draining)."""

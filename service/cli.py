@@ -32,8 +32,8 @@ from typing import Any, NoReturn
 
 import zmq
 
-from service import __version__, cluster
-from service.client import DEFAULT_TIMEOUT_S, Client, Reply
+from service import __version__, cli_admin
+from service.client import DEFAULT_TIMEOUT_S, Client, CurveKeys, Reply
 from service.config import PORT_OFFSET_VARIABLE
 from service.errors import RequestError, RequestTimeout
 from service.protocol import REGISTRY
@@ -107,6 +107,21 @@ def _parser() -> argparse.ArgumentParser:
         f" else tcp://127.0.0.1:{DEFAULT_PORT} + ${PORT_OFFSET_VARIABLE}; now %(default)s)",
     )
     p.add_argument(
+        "--server-key",
+        dest="curve_server_key",
+        default=os.environ.get("SMARTCACHE_CURVE_SERVER_KEY_FILE") or None,
+        metavar="FILE",
+        help="the service's public CURVE key (its *.key certificate): talk CURVE "
+        "(default: $SMARTCACHE_CURVE_SERVER_KEY_FILE)",
+    )
+    p.add_argument(
+        "--key",
+        dest="curve_key",
+        default=os.environ.get("SMARTCACHE_CURVE_KEY_FILE") or None,
+        metavar="FILE",
+        help="our own CURVE key pair (a *.key_secret certificate; default: $SMARTCACHE_CURVE_KEY_FILE)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
@@ -178,73 +193,8 @@ def _parser() -> argparse.ArgumentParser:
     g = command("products-get", "a client's products of one data type")
     g.add_argument("client_id", help="the bank's client id")
     g.add_argument("data_type", type=int, help=f"product data type: {DATA_TYPES}")
-    _cluster_parser(sub)
+    cli_admin.add_parsers(sub)
     return p
-
-
-def default_tarantool() -> str:
-    """$SMARTCACHE_TARANTOOL, else make run's three instances (ports 3301-3303 + $SMARTCACHE_PORT_OFFSET)."""
-    offset = os.environ.get(PORT_OFFSET_VARIABLE, "").strip()
-    base = 3301 + (int(offset) if offset.isdigit() else 0)
-    return os.environ.get("SMARTCACHE_TARANTOOL") or ",".join(f"127.0.0.1:{base + i}" for i in range(3))
-
-
-def _cluster_parser(sub: Any) -> None:
-    cl = sub.add_parser(
-        "cluster",
-        help="the storage cluster: status, switchover, rejoin (talks to Tarantool, not the service)",
-        description="Ask every Tarantool instance its role (sc.role), or ask for a planned hand-over or a "
-        "rebuild. Roles are decided by etcd; this only asks. Credentials: $SMARTCACHE_TARANTOOL_USER and "
-        "$SMARTCACHE_TARANTOOL_PASSWORD, as the service uses them.",
-    )
-    cl.add_argument(
-        "--tarantool",
-        default=default_tarantool(),
-        metavar="HOST:PORT,...",
-        help="every instance (default: $SMARTCACHE_TARANTOOL, else make run's; now %(default)s)",
-    )
-    ops = cl.add_subparsers(dest="operation", required=True, metavar="OPERATION")
-    ops.add_parser(
-        "status",
-        help="each instance: role, term, lease left, vclock, replication; who leads",
-        description="Exit 0 when exactly one instance may write and none is diverged or unreachable, else 1.",
-    )
-    so = ops.add_parser(
-        "switchover",
-        help="planned hand-over: the leader stops writing, the candidate catches up and takes the key",
-        description="Prints the measured write pause (pause_ms).",
-    )
-    so.add_argument("instance", nargs="?", help="the new leader, HOST:PORT or uuid (default: the most up to date)")
-    so.add_argument("--timeout-ms", type=int, default=5000, metavar="MS", help="how long the hand-over may take")
-    rj = ops.add_parser(
-        "rejoin",
-        help="rebuild an instance from the leader (its files are set aside first)",
-        description="For an instance that reports DIVERGED: it restarts empty and copies the leader.",
-    )
-    rj.add_argument("instance", help="the instance to rebuild, HOST:PORT or uuid")
-    rj.add_argument("--force", action="store_true", help="rebuild a follower that is not diverged too")
-
-
-def _cluster(a: argparse.Namespace) -> int:
-    access = cluster.Access(
-        addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
-        user=os.environ.get("SMARTCACHE_TARANTOOL_USER") or "smartcache",
-        password=os.environ.get("SMARTCACHE_TARANTOOL_PASSWORD") or "smartcache",
-    )
-    try:
-        if a.operation == "status":
-            doc = cluster.status(access)
-            _print(_jsonable(doc))
-            return EXIT_OK if doc["healthy"] else EXIT_STATUS
-        if a.operation == "switchover":
-            doc = cluster.switchover(access, a.instance, a.timeout_ms)
-        else:
-            doc = cluster.rejoin(access, a.instance, force=a.force)
-    except LookupError as e:
-        _print({"error": "NOT_FOUND", "message": str(e)})
-        return EXIT_TRANSPORT
-    _print(_jsonable(doc))
-    return EXIT_OK if doc.get("status") == "OK" else EXIT_STATUS
 
 
 def _parse_data(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -302,12 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     """Exit 0 on an OK reply, 1 on another status, 2 on a transport error, a timeout or bad arguments."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "cluster":
-        return _cluster(args)
+    if args.command in cli_admin.COMMANDS:
+        return cli_admin.run(args, lambda doc: _print(_jsonable(doc)))
     _parse_data(parser, args)
     endpoint = args.endpoint
+    curve = None
+    if args.curve_server_key or args.curve_key:
+        if not (args.curve_server_key and args.curve_key):
+            parser.error("CURVE needs both --server-key and --key")
+        try:
+            curve = CurveKeys.from_files(args.curve_server_key, args.curve_key)
+        except (OSError, ValueError) as e:
+            parser.error(f"cannot read CURVE keys: {e}")
     try:
-        client = Client(endpoint, timeout_s=args.timeout)
+        client = Client(endpoint, timeout_s=args.timeout, curve=curve)
     except zmq.ZMQError as e:
         parser.error(f"--endpoint / ${ENDPOINT_VARIABLE} {endpoint!r}: {e} (expected tcp://host:port or ipc://path)")
     with client:

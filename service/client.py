@@ -31,10 +31,12 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import zmq
 import zmq.asyncio
+import zmq.auth
 
 from service.errors import ProtocolError, RequestError, RequestTimeout
 from service.protocol import (
@@ -55,7 +57,7 @@ DEFAULT_TIMEOUT_S = 5.0
 RETRY_BACKOFF_FIRST_S = 0.02
 RETRY_BACKOFF_MAX_S = 0.5
 #: transport errors that say the request was not executed (and was not malformed): always safe to send again
-RETRY_ALWAYS = frozenset(e for e, done in REGISTRY.executed.items() if done == "no") - REGISTRY.bad_input_errors
+RETRY_ALWAYS = frozenset(e for e, done in REGISTRY.executed.items() if done == "no") - REGISTRY.final_errors
 #: outcomes that may have been executed: safe to send again only for idempotent requests
 RETRY_IF_IDEMPOTENT = frozenset(e for e, done in REGISTRY.executed.items() if done == "unknown") | {"TIMEOUT"}
 
@@ -73,6 +75,30 @@ def session_bytes(sid: SessionId | None) -> bytes:
     if len(sid) != 16:
         raise ValueError(f"session id must be 16 bytes, got {len(sid)}")
     return sid
+
+
+@dataclass(frozen=True, slots=True)
+class CurveKeys:
+    """A CURVE client's keys (z85): the server's public key and our own pair (SECURITY.md)."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def from_files(cls, server_key_file: str | Path, key_file: str | Path) -> CurveKeys:
+        """From ZeroMQ certificate files: the server's public one and our secret one (smartcache-cli keys generate)."""
+        server_public, _ = zmq.auth.load_certificate(server_key_file)
+        public, secret = zmq.auth.load_certificate(key_file)
+        if secret is None:
+            raise ValueError(f"{key_file} holds no secret key (use the *.key_secret file)")
+        return cls(server_public, public, secret)
+
+    def apply(self, sock: zmq.Socket[Any]) -> None:
+        """Make sock (before connect) a CURVE client of the server."""
+        sock.curve_serverkey = self.server_public
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,15 +292,23 @@ class Client(_Helpers[Reply]):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = 0,
+        curve: CurveKeys | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
-        """timeout_s: per attempt; retries: see the module docstring."""
+        """timeout_s: per attempt; retries: see the module docstring; curve: keys for a CURVE server.
+
+        endpoint may list several endpoints, comma-separated: the socket connects to each, and
+        ZeroMQ spreads requests over them (several service instances).
+        """
         self.timeout_s = timeout_s
         self.retries = retries
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(endpoint)
+        if curve is not None:
+            curve.apply(self._sock)
+        for e in endpoint.split(","):
+            self._sock.connect(e.strip())
         self._ids = itertools.count(1)
         self._outstanding: set[int] = set()
         self._arrived: dict[int, Reply | RequestError] = {}
@@ -392,15 +426,20 @@ class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = 0,
+        curve: CurveKeys | None = None,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
-        """timeout_s: per attempt; retries: see the module docstring."""
+        """timeout_s: per attempt; retries: see the module docstring; curve: keys for a CURVE server;
+        endpoint: one or several, comma-separated."""
         self.timeout_s = timeout_s
         self.retries = retries
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(endpoint)
+        if curve is not None:
+            curve.apply(self._sock)
+        for e in endpoint.split(","):
+            self._sock.connect(e.strip())
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None

@@ -17,12 +17,16 @@ import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from service.parsers import (
     SettingsError,
+    parse_bool,
     parse_bulkheads,
     parse_data_types,
+    parse_directory,
+    parse_environment,
     parse_host,
     parse_host_port_list,
     parse_http_url,
@@ -32,6 +36,7 @@ from service.parsers import (
     parse_max_ages,
     parse_port,
     parse_seconds,
+    parse_secret_key_file,
     parse_template,
     zmq_endpoint,
 )
@@ -59,6 +64,11 @@ DEFAULT_PRODUCTS_MAX_AGE_S = 300.0
 LEASE_MARGIN_S = 2.0
 #: Tarantool refuses longer prewarm leases (lua/smartcache/config.lua, SC_MAX_WAIT_S)
 MAX_LEASE_S = 60.0
+#: the development default password: production mode refuses it
+DEVELOPMENT_PASSWORD = "smartcache"  # noqa: S105 - the documented local default, refused in production
+#: bad input answered per second, per client connection and in all (beyond: dropped unanswered, counted)
+DEFAULT_BAD_INPUT_PER_PEER_PER_S = 100
+DEFAULT_BAD_INPUT_PER_S = 1000
 #: settings whose value is never logged
 SECRET = re.compile(r"password|token|secret|key", re.IGNORECASE)
 #: make run: added to every default port (and smartcache-cli's default endpoint), to move a whole stack at once
@@ -74,7 +84,7 @@ class Settings:
     listen: str = DEFAULT_LISTEN
     tarantool: tuple[str, ...] = (DEFAULT_TARANTOOL,)
     tarantool_user: str = "smartcache"
-    tarantool_password: str = "smartcache"  # noqa: S105 - local default, documented; set it in production
+    tarantool_password: str = DEVELOPMENT_PASSWORD
     workers: int = DEFAULT_WORKERS
     worker_threads: int = DEFAULT_WORKER_THREADS
     queue_capacity: int = DEFAULT_QUEUE_CAPACITY
@@ -97,6 +107,22 @@ class Settings:
     #: data type -> seconds a prewarmed answer stays fresh (others: products_max_age_s)
     products_max_age: Mapping[int, float] = field(default_factory=dict)
     products_max_age_s: float = DEFAULT_PRODUCTS_MAX_AGE_S
+    #: "production" refuses development defaults (see check_production)
+    env: str = "development"
+    #: production without CURVE, explicitly
+    insecure: bool = False
+    #: the server's CURVE key pair (zmq certificate file with the secret key); empty: CURVE off
+    curve_secret_key_file: str = ""
+    #: allowed client public keys, one zmq certificate file each (permissions in its metadata)
+    curve_clients_dir: str = ""
+    #: bearer token required on /metrics (empty: none)
+    metrics_token: str = ""
+    bad_input_per_peer_per_s: int = DEFAULT_BAD_INPUT_PER_PEER_PER_S
+    bad_input_per_s: int = DEFAULT_BAD_INPUT_PER_S
+
+    @property
+    def curve(self) -> bool:
+        return bool(self.curve_secret_key_file)
 
     def max_age_ms(self, data_type: int) -> int:
         return int(self.products_max_age.get(data_type, self.products_max_age_s) * 1000)
@@ -143,6 +169,20 @@ class _Env:
         self.errors: list[str] = []
         self.read: set[str] = set()
 
+    def secret(self, name: str, default: str) -> str:
+        """SMARTCACHE_<name>, or the content of the file named by SMARTCACHE_<name>_FILE (Docker secrets)."""
+        path = self.get(name + "_FILE", "", str)
+        value = self.get(name, "", str)
+        if path and value:
+            self.fail(f"{PREFIX}{name} and {PREFIX}{name}_FILE are both set: set one")
+        if not path:
+            return value or default
+        try:
+            return Path(path).read_text().strip()
+        except OSError as e:
+            self.fail(f"{PREFIX}{name}_FILE={path!r}: cannot read it ({e.strerror})")
+            return default
+
     def get(self, name: str, default: T, parse: Callable[[str], T]) -> T:
         """The parsed value of SMARTCACHE_<name>; unset or empty means default."""
         self.read.add(PREFIX + name)
@@ -169,11 +209,11 @@ def _build(r: _Env) -> Settings:
             f"{PREFIX}BACKEND_TIMEOUT_S={backend_timeout_s} x (1 + {PREFIX}BACKEND_RETRIES={backend_retries})"
             f" + {LEASE_MARGIN_S} s must be at most {MAX_LEASE_S} s (the longest prewarm lease Tarantool grants)"
         )
-    return Settings(
+    settings = Settings(
         listen=r.get("LISTEN", DEFAULT_LISTEN, zmq_endpoint),
         tarantool=r.get("TARANTOOL", (DEFAULT_TARANTOOL,), parse_host_port_list),
         tarantool_user=r.get("TARANTOOL_USER", "smartcache", str),
-        tarantool_password=r.get("TARANTOOL_PASSWORD", "smartcache", str),
+        tarantool_password=r.secret("TARANTOOL_PASSWORD", DEVELOPMENT_PASSWORD),
         workers=workers,
         worker_threads=r.get("WORKER_THREADS", DEFAULT_WORKER_THREADS, parse_integer(0, workers, "SMARTCACHE_WORKERS")),
         queue_capacity=r.get("QUEUE_CAPACITY", DEFAULT_QUEUE_CAPACITY, parse_integer(1)),
@@ -198,7 +238,37 @@ def _build(r: _Env) -> Settings:
         prewarm_types=r.get("PREWARM_TYPES", DEFAULT_PREWARM_TYPES, parse_data_types),
         products_max_age=r.get("PRODUCTS_MAX_AGE", {}, parse_max_ages),
         products_max_age_s=r.get("PRODUCTS_MAX_AGE_S", DEFAULT_PRODUCTS_MAX_AGE_S, parse_seconds(0)),
+        env=r.get("ENV", "development", parse_environment),
+        insecure=r.get("INSECURE", False, parse_bool),
+        curve_secret_key_file=r.get("CURVE_SECRET_KEY_FILE", "", parse_secret_key_file),
+        curve_clients_dir=r.get("CURVE_CLIENTS_DIR", "", parse_directory),
+        metrics_token=r.secret("METRICS_TOKEN", ""),
+        bad_input_per_peer_per_s=r.get("BAD_INPUT_PER_PEER_PER_S", DEFAULT_BAD_INPUT_PER_PEER_PER_S, parse_integer(1)),
+        bad_input_per_s=r.get("BAD_INPUT_PER_S", DEFAULT_BAD_INPUT_PER_S, parse_integer(1)),
     )
+    _check_security(r, settings)
+    return settings
+
+
+def _is_local(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _check_security(r: _Env, s: Settings) -> None:
+    """CURVE needs both its files; production mode refuses every development default (SECURITY.md)."""
+    if bool(s.curve_secret_key_file) != bool(s.curve_clients_dir):
+        r.fail(f"{PREFIX}CURVE_SECRET_KEY_FILE and {PREFIX}CURVE_CLIENTS_DIR go together: set both or neither")
+    if s.env != "production":
+        return
+    if s.tarantool_password == DEVELOPMENT_PASSWORD:
+        r.fail(f"production: {PREFIX}TARANTOOL_PASSWORD (or _FILE) is the development default; set a real one")
+    if not s.curve and not s.insecure:
+        r.fail(
+            f"production: CURVE is off ({PREFIX}CURVE_SECRET_KEY_FILE unset); "
+            f"set it, or {PREFIX}INSECURE=1 to run without encryption on purpose"
+        )
+    if not _is_local(s.metrics_addr) and not s.metrics_token:
+        r.fail(f"production: metrics on {s.metrics_addr} (not local) need {PREFIX}METRICS_TOKEN (or _FILE)")
 
 
 def _lease_s(backend_timeout_s: float, backend_retries: int) -> float:

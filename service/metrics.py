@@ -17,6 +17,7 @@ prometheus_client's ProcessCollector.
 
 from __future__ import annotations
 
+import hmac
 import json
 import platform
 import socket
@@ -146,6 +147,18 @@ class Metrics:
             "The current leader's term (its etcd leader key revision; 0 without failover).",
             registry=r,
         )
+        self.auth_failures = Counter(
+            f"{p}_auth_failures_total",
+            "Clients refused before any frame was processed, by reason (unknown_key, handshake).",
+            ["reason"],
+            registry=r,
+        )
+        self.auth_keys = Gauge(f"{p}_auth_keys", "Client keys allowed now (CURVE).", registry=r)
+        self.bad_input_throttled = Counter(
+            f"{p}_bad_input_throttled_total",
+            "Malformed messages dropped unanswered: over the per-connection or global rate of answers.",
+            registry=r,
+        )
         self.watchdog_reclaimed = Counter(
             f"{p}_watchdog_reclaimed_total",
             "Worker slots the broker took back past their message's deadline + grace (a bug if not 0).",
@@ -194,17 +207,31 @@ class Metrics:
         """Compute a gauge on scrape."""
         gauge.set_function(fn)
 
-    def serve(self, addr: str, port: int, *, live: Checks | None = None, ready: Checks | None = None) -> int:
+    def serve(
+        self,
+        addr: str,
+        port: int,
+        *,
+        live: Checks | None = None,
+        ready: Checks | None = None,
+        token: str = "",
+    ) -> int:
         """Start the HTTP server (/metrics, /health/live, /health/ready) in a daemon thread; returns its port.
 
         live and ready are called on each probe; without them the probe passes while the process answers.
+        token: /metrics then needs ``Authorization: Bearer <token>`` (the probes stay open: they show no data).
         """
         metrics_app = make_wsgi_app(self.registry)
         probes = {"/health/live": live or dict, "/health/ready": ready or dict}
+        expected = f"Bearer {token}".encode()
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             checks = probes.get(environ.get("PATH_INFO", ""))
             if checks is None:
+                given = environ.get("HTTP_AUTHORIZATION", "").encode()
+                if token and not hmac.compare_digest(given, expected):
+                    start_response("401 Unauthorized", [("WWW-Authenticate", "Bearer"), ("Content-Length", "0")])
+                    return [b""]
                 return metrics_app(environ, start_response)  # type: ignore[no-any-return]
             code, body = _probe(checks)
             start_response(

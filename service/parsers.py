@@ -196,3 +196,40 @@ def parse_max_ages(spec: str) -> dict[int, float]:
             raise SettingsError(f"item {item!r} must be TYPE=SECONDS")
         out[parse_data_type(key)] = parse_seconds(0)(value)
     return out
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError("must be 1/true/yes or 0/false/no")
+
+
+ENVIRONMENTS = ("development", "production")
+
+
+def parse_environment(raw: str) -> str:
+    if raw not in ENVIRONMENTS:
+        raise SettingsError(f"must be one of {', '.join(ENVIRONMENTS)}")
+    return raw
+
+
+def parse_directory(raw: str) -> str:
+    if not Path(raw).is_dir():
+        raise SettingsError("is not a directory")
+    return raw
+
+
+def parse_secret_key_file(raw: str) -> str:
+    """A ZeroMQ certificate file holding a CURVE secret key (smartcache-cli keys generate writes one)."""
+    import zmq.auth  # noqa: PLC0415 - only when CURVE is configured
+
+    try:
+        public, secret = zmq.auth.load_certificate(raw)
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"cannot read a key pair from it ({e})") from None
+    if not public or not secret:
+        raise SettingsError("holds no secret key (the *.key_secret file of a pair, not the public *.key)")
+    return raw

@@ -155,6 +155,8 @@ class Registry:
     executed: Mapping[str, str] = field(default_factory=dict)
     #: transport errors that mean the sender's message was malformed
     bad_input_errors: frozenset[str] = frozenset()
+    #: transport errors a retry cannot change: bad input, and refusals like FORBIDDEN
+    final_errors: frozenset[str] = frozenset()
     #: status or transport error name -> its meaning (for PROTOCOL.md's tables)
     docs: Mapping[str, str] = field(default_factory=dict)
 
@@ -231,6 +233,7 @@ def load_registry(path: Path = REGISTRY_PATH) -> Registry:
         storage_only_statuses=frozenset(k for k, v in raw["statuses"].items() if v.get("storage_only")),
         executed={k: str(v["executed"]) for k, v in raw["transport_errors"].items()},
         bad_input_errors=frozenset(k for k, v in raw["transport_errors"].items() if v.get("bad_input")),
+        final_errors=frozenset(k for k, v in raw["transport_errors"].items() if v.get("bad_input") or v.get("final")),
         docs={k: str(v["doc"]) for table in ("statuses", "transport_errors") for k, v in raw[table].items()},
     )
 

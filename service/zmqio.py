@@ -38,6 +38,22 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
     return frames
 
 
+def recv_frames_with_user(sock: zmq.Socket[Any]) -> tuple[list[bytes], str | None]:
+    """recv_frames, plus the sender's ZAP User-Id (its CURVE key, z85) read from its first frame."""
+    recv, get = sock.recv, sock.get
+    frames = [recv(NOBLOCK)]  # the ROUTER's routing id: made here, it carries no metadata
+    user: str | None = None
+    while get(RCVMORE):
+        frame = recv(0, copy=False)
+        if user is None:
+            try:
+                user = str(frame.get("User-Id"))
+            except zmq.ZMQError:
+                user = ""
+        frames.append(frame.bytes)
+    return frames, user
+
+
 def readable(sock: zmq.Socket[Any]) -> bool:
     """A message is waiting (the FD is edge-triggered: ask the socket, not the FD)."""
     return bool(int(sock.get(EVENTS)) & POLLIN)

@@ -34,6 +34,9 @@ SUBCOMMANDS = [
     "device-lookup",
     "app-start",
     "products-get",
+    "info",
+    "cluster",
+    "keys",
 ]
 
 

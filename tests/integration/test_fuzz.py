@@ -51,7 +51,13 @@ _LIFETIME = struct.Struct("!I")
 @pytest.fixture(scope="module")
 def fuzz_target(storage: Tarantool) -> Iterator[Running]:
     # The backend URL points at a closed port: PRODUCTS_GET fails fast instead of waiting.
-    settings = service_settings(storage, backend_url=f"http://127.0.0.1:{free_port()}", backend_retries=0)
+    settings = service_settings(
+        storage,
+        backend_url=f"http://127.0.0.1:{free_port()}",
+        backend_retries=0,
+        bad_input_per_peer_per_s=10**9,  # the fuzzer counts every answer: no throttling here
+        bad_input_per_s=10**9,
+    )
     with running_service(settings) as r:
         yield r
 
