@@ -580,6 +580,13 @@ function F:promote(leader)
     self.counters.promotions = self.counters.promotions + 1
     self.log.info('failover: leader (term %d), writable for %.2f s unless renewed', self.term, self:lease_left())
     self:publish()
+    -- Record the replica set if etcd does not (say, etcd was rebuilt): an empty
+    -- instance then joins it instead of bootstrapping a new one.
+    local rs = self.box.replicaset()
+    if rs ~= nil and not self.replicaset_recorded then
+        local created = self.etcd:create(self.keys.replicaset, rs)
+        self.replicaset_recorded = created ~= nil
+    end
 end
 
 function F:no_leader(rev)
@@ -983,8 +990,13 @@ function M.role()
     local inst = M.instance
     local out
     if inst == nil then
-        out = {role = 'standalone', writable = box.info.ro == false, term = 0, lease_left_ms = 0,
-               instance_uuid = box.info.uuid, uri = box.cfg.listen}
+        local null = box.NULL
+        local writable = box.info.ro == false
+        out = {role = 'standalone', writable = writable, term = 0, lease_left_ms = 0,
+               instance_uuid = box.info.uuid, uri = box.cfg.listen,
+               leader_uuid = writable and box.info.uuid or null, leader_uri = writable and box.cfg.listen or null,
+               fenced = false, fence_reason = null, diverged = null, wal_broken = null, eligible = false,
+               lease_id = null, etcd_error = null, quorum = box.cfg.replication_synchro_quorum}
     else
         out = inst:status()
         out.counters = nil
