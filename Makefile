@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 
-.PHONY: help run test lint fmt bench clean reset-data sysdeps venv lua-test docker-test
+.PHONY: help run test lint fmt bench fuzz clean reset-data sysdeps venv lua-test docker-test
 .DEFAULT_GOAL := help
 
 help:  ## list the targets (this text)
@@ -62,6 +62,12 @@ fmt: venv  ## ruff format and autofix
 
 bench: venv  ## session scenario through the service at W=1/16/128 vs direct (about 45 s; var/bench.json)
 	$(PY) -m loadtest bench
+
+FUZZ_SECONDS ?= 600
+fuzz: venv  ## coverage-guided fuzzing of the codec with atheris for FUZZ_SECONDS (600); corpus in tests/fuzz/corpus
+	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,fuzz]'
+	$(PY) tests/fuzz/seed_corpus.py
+	$(PY) tests/fuzz/fuzz_codec.py tests/fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
 
 docker-test: venv  ## images, the compose stack, end-to-end smoke suite, all torn down (KEEP_IMAGES=1 keeps images)
 	bash docker/test.sh

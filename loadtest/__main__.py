@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from loadtest.backend import Backend
 from loadtest.generator import Job
 from loadtest.prewarm import run as run_prewarm
 from loadtest.report import format_line
-from loadtest.stack import stack
+from loadtest.stack import curve_keys, service, stack
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
@@ -65,6 +66,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
             print(format_line(rep), flush=True)
         cpu = sut.cpu_seconds() - cpu0
         peak_rss = sut.rss_bytes("VmHWM")
+        # The same W=128 row through a second service that requires CURVE: the cost of encryption.
+        print("  CURVE: a second service with encryption and client keys...", file=sys.stderr, flush=True)
+        keys_dir = Path(tempfile.mkdtemp(prefix="smartcache-bench-keys-"))
+        curve_env, keys = curve_keys(keys_dir)
+        with service(master, keys_dir / "service.log", curve_env, curve=keys) as secure:
+            job = Job(endpoint=secure.endpoint, scenario="session", duration_s=a.duration, inflight=128, curve=keys)
+            curve_row = runner.run(job, 2, label="service session W=128 CURVE")
+            print(format_line(curve_row), flush=True)
         print("  direct: 4 threads calling the same procedures...", file=sys.stderr, flush=True)
         d = direct.run(master.address, threads=4, duration_s=a.duration)
         rows.append(d)
@@ -74,6 +83,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "service_best_rps": best,
         "direct_rps": d["throughput_rps"],
         "ratio_service_to_direct": round(best / d["throughput_rps"], 2),
+        "ratio_curve_to_plain_at_W128": round(curve_row["throughput_rps"] / rows[2]["throughput_rps"], 2),
         "service_peak_rss_mib": round(peak_rss / 2**20, 1),
         "service_cpu_seconds_per_1000_requests": round(cpu / answered * 1000, 3),
         "target_12000_rps_at_W128": rows[2]["throughput_rps"] >= 12000,
@@ -81,6 +91,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     }
     print()
     print(f"ratio service/direct: {summary['ratio_service_to_direct']} (original: 7000/12000 = 0.58)")
+    print(f"ratio CURVE/plain at W=128: {summary['ratio_curve_to_plain_at_W128']} (aim: at least 0.75)")
     print(
         f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
         f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s"
@@ -90,7 +101,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
         f"p99 < 10 ms at W=16: {'met' if summary['target_p99_under_10ms_at_W16'] else 'NOT met'}"
     )
     _save(
-        a.json, {"machine": _machine(), "runs": rows, "summary": summary, "at": time.strftime("%FT%TZ", time.gmtime())}
+        a.json,
+        {
+            "machine": _machine(),
+            "runs": [*rows, curve_row],
+            "summary": summary,
+            "at": time.strftime("%FT%TZ", time.gmtime()),
+        },
     )
     return 0
 

@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from loadtest.scenarios import Request, make
+from service.client import CurveKeys
 from service.protocol import (
     FLAG_NO_REPLY,
     REGISTRY,
@@ -57,6 +58,8 @@ class Job:
     rate: float = 0.0  # > 0: open loop at this many requests per second
     lifetime_ms: int = 0
     seed: int | None = None
+    #: talk CURVE to a service that requires it
+    curve: CurveKeys | None = None
 
 
 class Generator:
@@ -68,6 +71,8 @@ class Generator:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
+        if job.curve is not None:
+            job.curve.apply(self.sock)
         self.sock.connect(job.endpoint)
         self.progress = progress
         self.result = Result()

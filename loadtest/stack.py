@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.client import Client
+from service.client import Client, CurveKeys
 from service.devstack import Tarantool, free_port
+from service.security import create_key_pair
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -42,32 +43,55 @@ def stack(service_env: dict[str, str] | None = None) -> Iterator[tuple[Tarantool
     base = Path(tempfile.mkdtemp(prefix="smartcache-bench-"))
     master = Tarantool.create("bench-master", base, extra_env={"SC_LOG_LEVEL": "4"})
     master.start()
-    proc = None
     try:
         master.wait_ready()
-        port, metrics_port = free_port(), free_port()
-        env = {
-            **os.environ,
-            "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}",
-            "SMARTCACHE_TARANTOOL": master.address,
-            "SMARTCACHE_METRICS_PORT": str(metrics_port),
-            **(service_env or {}),
-        }
-        with (base / "service.log").open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=log, stderr=subprocess.STDOUT)
-        sut = ServiceUnderTest(proc, f"tcp://127.0.0.1:{port}", metrics_port)
-        _wait_ready(sut)
-        yield master, sut
+        with service(master, base / "service.log", service_env) as sut:
+            yield master, sut
     finally:
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(30)
         master.stop()
 
 
-def _wait_ready(sut: ServiceUnderTest, timeout_s: float = 20.0) -> None:
+@contextlib.contextmanager
+def service(
+    master: Tarantool, log_path: Path, env: dict[str, str] | None = None, curve: CurveKeys | None = None
+) -> Iterator[ServiceUnderTest]:
+    """One more `python -m service` on free ports against master (curve: the keys to check it is up)."""
+    port, metrics_port = free_port(), free_port()
+    full_env = {
+        **os.environ,
+        "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}",
+        "SMARTCACHE_TARANTOOL": master.address,
+        "SMARTCACHE_METRICS_PORT": str(metrics_port),
+        **(env or {}),
+    }
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "service"], env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        sut = ServiceUnderTest(proc, f"tcp://127.0.0.1:{port}", metrics_port)
+        _wait_ready(sut, curve)
+        yield sut
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+
+
+def curve_keys(directory: Path) -> tuple[dict[str, str], CurveKeys]:
+    """A service key pair and one allowed client: the service's environment and the client's keys."""
+    (directory / "clients").mkdir(parents=True)
+    create_key_pair(directory, "service")
+    _, secret = create_key_pair(directory, "bench")
+    (directory / "clients" / "bench.key").write_text((directory / "bench.key").read_text())
+    env = {
+        "SMARTCACHE_CURVE_SECRET_KEY_FILE": str(directory / "service.key_secret"),
+        "SMARTCACHE_CURVE_CLIENTS_DIR": str(directory / "clients"),
+    }
+    return env, CurveKeys.from_files(directory / "service.key", secret)
+
+
+def _wait_ready(sut: ServiceUnderTest, curve: CurveKeys | None = None, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
-    with Client(sut.endpoint, timeout_s=0.5) as c:
+    with Client(sut.endpoint, timeout_s=0.5, curve=curve) as c:
         while True:
             try:
                 c.device_lookup("bench-readiness")
