@@ -30,21 +30,35 @@ POLL_MS = 200
 NAMES = ("ha1", "ha2", "ha3")
 
 
+def _until(probe: Callable[[], T | None], timeout_s: float, interval_s: float, what: str | Callable[[], str]) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not true within {timeout_s} s: {what() if callable(what) else what or probe}")
+        time.sleep(interval_s)
+
+
 def eventually(
-    predicate: Callable[[], T],
+    condition: Callable[[], object],
+    timeout_s: float = 20.0,
+    interval_s: float = 0.05,
+    what: str | Callable[[], str] = "",
+) -> None:
+    """Poll until condition() is truthy, or fail the test at the timeout."""
+    _until(lambda: True if condition() else None, timeout_s, interval_s, what or str(condition))
+
+
+def wait_for(
+    value: Callable[[], T | None],
     timeout_s: float = 20.0,
     interval_s: float = 0.05,
     what: str | Callable[[], str] = "",
 ) -> T:
-    """Poll until predicate() is truthy; returns its value, or fails the test at the timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not true within {timeout_s} s: {what() if callable(what) else what or predicate}")
-        time.sleep(interval_s)
+    """Poll until value() is not None; returns it, or fails the test at the timeout."""
+    return _until(value, timeout_s, interval_s, what)
 
 
 def ha_env(etcd: Etcd, cluster: str, **extra: str) -> dict[str, str]:
@@ -128,14 +142,23 @@ class HACluster:
                     writable.append(n)
             return writable[0] if len(writable) == 1 else None
 
-        return eventually(one, timeout_s, what="one writable leader")
+        return wait_for(one, timeout_s, what="one writable leader")
 
     def wait_role(self, name: str, role: str, timeout_s: float = 30.0) -> dict[str, Any]:
-        return eventually(
-            lambda: (r := self.role(name)) is not None and r["role"] == role and r,
-            timeout_s,
-            what=f"{name} is {role}",
-        )
+        def in_role() -> dict[str, Any] | None:
+            r = self.role(name)
+            return r if r is not None and r["role"] == role else None
+
+        return wait_for(in_role, timeout_s, what=f"{name} is {role}")
+
+    def answers(self, name: str, status: str, proc: str, *args: object) -> bool:
+        """Does sc.<proc>(*args) on this instance answer this status now?"""
+        return self.status_of(name, proc, *args) == status
+
+    def status_of(self, name: str, proc: str, *args: object) -> str | None:
+        """The status a procedure answers, None when the instance does not answer."""
+        r = self.call(name, proc, *args)
+        return None if r is None else str(r["status"])
 
     def create_session(self, name: str, data: object = None) -> tuple[str, dict[str, Any] | None]:
         sid = str(uuid.uuid4())

@@ -13,14 +13,16 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tarantool
 
 from service.devstack import Tarantool, http_get_json
 from tests.conftest import call, connect
-from tests.integration.conftest_ha import TTL_S, HACluster, WritableSampler, eventually, ha_cluster
+from tests.integration.conftest_ha import TTL_S, HACluster, WritableSampler, eventually, ha_cluster, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +97,7 @@ def test_three_empty_instances_elect_one_leader_that_followers_replicate(ha: HAC
     assert created is not None
     assert created["status"] == "OK"
     for name in followers:
-        eventually(lambda n=name: (g := ha.call(n, "session_get", sid)) is not None and g["status"] == "OK")
+        eventually(partial(ha.answers, name, "OK", "session_get", sid))
         _, refused = ha.create_session(name)
         assert refused is not None
         assert refused["status"] == "NOT_LEADER"
@@ -109,7 +111,7 @@ def test_kill_9_of_the_leader_under_load_loses_no_acknowledged_write(ha: HAClust
         killed_at = time.monotonic()
         ha.nodes[old].send_signal(signal.SIGKILL)
         new = ha.leader(exclude=(old,))
-        first = eventually(
+        first = wait_for(
             lambda: next((t for t, _ in writer.acked if t > killed_at), None), what="a write after the kill"
         )
         eventually(lambda: len([1 for t, _ in writer.acked if t > killed_at]) > 50)
@@ -134,8 +136,7 @@ def test_a_leader_frozen_for_two_ttls_refuses_writes_when_it_resumes(ha: HAClust
             ha.nodes[old].send_signal(signal.SIGCONT)
         # The first thing it answers after SIGCONT: no write.
         ha.drop_conn(old)
-        _, refused = eventually(lambda: (r := ha.create_session(old))[1] is not None and r)
-        assert refused is not None
+        refused = wait_for(lambda: ha.create_session(old)[1])
         assert refused["status"] == "NOT_LEADER"
         follower = ha.wait_role(old, "follower")
         assert follower["leader_uuid"] == ha.role(new)["instance_uuid"]  # type: ignore[index]
@@ -182,12 +183,12 @@ def test_sessions_are_synchronous_a_leader_without_followers_acknowledges_nothin
         assert r is None or r["status"] != "OK"  # the quorum timeout raises: the connector gives None
         # Tarantool 2.6 shows a write that waits for its quorum to readers on the leader (no MVCC);
         # at SC_SYNC_TIMEOUT_S it is rolled back.
-        eventually(lambda: (g := ha.call(leader, "session_get", sid)) is not None and g["status"] == "NOT_FOUND")
+        eventually(lambda: ha.status_of(leader, "session_get", sid) == "NOT_FOUND")
     finally:
         for n in followers:
             ha.nodes[n].send_signal(signal.SIGCONT)
     for n in ha.nodes:
-        eventually(lambda n=n: (g := ha.call(n, "session_get", sid)) is not None and g["status"] == "NOT_FOUND")
+        eventually(partial(ha.answers, n, "NOT_FOUND", "session_get", sid))
 
 
 def test_an_old_leader_with_rows_nobody_has_is_diverged_until_rebuilt_by_rejoin(ha: HACluster) -> None:
@@ -247,7 +248,7 @@ def test_an_old_leader_with_rows_nobody_has_is_diverged_until_rebuilt_by_rejoin(
     aside = list(node.data_dir.glob("aside-*"))
     assert len(aside) == 1
     assert list(aside[0].glob("*.xlog"))
-    eventually(lambda: (g := ha.call(old, "session_get", sid)) is not None and g["status"] == "OK")
+    eventually(lambda: ha.status_of(old, "session_get", sid) == "OK")
     assert ha.call(old, "cache_get", "", "diverging-key")["status"] == "NOT_FOUND"  # type: ignore[index]
     status, health = http_get_json(node.http_url + "/health")
     assert status == 200, health
@@ -328,14 +329,14 @@ def test_a_restart_writes_nothing_so_an_instance_starts_on_a_full_disk(tmp_path:
         fill(small_disk, leave_bytes=0)
         solo.start()
 
-        def answers() -> dict | None:
+        def answers() -> dict[str, Any] | None:
             try:
                 with connect(solo) as conn:
                     return call(conn, "role")
             except (tarantool.error.Error, OSError):
                 return None
 
-        after = eventually(answers, what=solo.log_tail)
+        after = wait_for(answers, what=solo.log_tail)
         assert after["vclock"] == before["vclock"]
         with connect(solo) as conn:
             got = call(conn, "session_get", sid)
