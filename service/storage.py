@@ -61,6 +61,8 @@ log = structlog.get_logger("storage")
 
 RECONNECT_DELAY_S = 0.5
 PING_INTERVAL_S = 0.5
+#: while no leader is known (an election or a hand-over), roles are asked this often
+SEARCH_INTERVAL_S = 0.05
 #: a ping unanswered this long marks the instance stalled
 PING_TIMEOUT_S = 1.0
 #: offset samples from pings slower than this are too imprecise to keep
@@ -85,7 +87,10 @@ STATES = (UP, STALLED, DOWN)
 class Instance:
     """One Tarantool instance: its connection, kept alive and watched by a keeper task."""
 
-    def __init__(self, *, address: str, settings: Settings, metrics: Metrics, on_role: Any) -> None:
+    def __init__(
+        self, *, address: str, settings: Settings, metrics: Metrics, on_role: Any, searching: Any = bool
+    ) -> None:
+        """on_role: called after each answer (or failure); searching(): True while no leader is known."""
         self.address = address
         host, _, port = address.rpartition(":")
         self.conn = asynctnt.Connection(
@@ -106,6 +111,7 @@ class Instance:
         self.offset_ms = 0.0
         self._offset_rtt_s = float("inf")
         self._on_role = on_role
+        self._searching = searching
         self._wake = asyncio.Event()
         self._connected_gauge = metrics.storage_connected.labels(address)
         self._state_changes = {s: metrics.storage_state_changes.labels(address, s) for s in STATES}
@@ -158,7 +164,7 @@ class Instance:
                     await self._pause(RECONNECT_DELAY_S)
                     continue
             await self._ping()
-            await self._pause(PING_INTERVAL_S)
+            await self._pause(SEARCH_INTERVAL_S if self._searching() else PING_INTERVAL_S)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -208,7 +214,8 @@ class Storage:
 
     def __init__(self, *, settings: Settings, metrics: Metrics) -> None:
         self.instances = [
-            Instance(address=a, settings=settings, metrics=metrics, on_role=self._elect) for a in settings.tarantool
+            Instance(address=a, settings=settings, metrics=metrics, on_role=self._elect, searching=self._searching)
+            for a in settings.tarantool
         ]
         self.leader: Instance | None = None
         self._leader_known = asyncio.Event()
@@ -299,6 +306,9 @@ class Storage:
             states = ", ".join(f"{i.address} {i.state}" for i in self.instances)
             raise StorageUnavailable(f"{procedure}: no storage instance may write now ({states})")
         return leader
+
+    def _searching(self) -> bool:
+        return self.leader is None
 
     def _current_leader(self) -> Instance | None:
         return self.leader
