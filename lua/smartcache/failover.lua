@@ -544,6 +544,35 @@ function F:wait_followers(timeout)
     end
 end
 
+-- The vclock in the key is the baseline of divergence checks: every row of
+-- another instance that we have must be in it. After a hand-over we may have
+-- received a row or two from the old leader after it wrote the key; then the
+-- key is rewritten (same lease, checked by revision) and its new revision is
+-- the term.
+function F:rebase(leader)
+    local mine = self.box.vclock()
+    if ahead_of(mine, leader.vclock, self.box.id()) == nil then
+        return
+    end
+    local vc = {}
+    for id, lsn in pairs(leader.vclock) do
+        vc[id] = lsn
+    end
+    for id, lsn in pairs(mine) do
+        if id ~= self.box.id() and lsn > (vc[id] or 0) then
+            vc[id] = lsn
+        end
+    end
+    local value = {uuid = self.uuid, id = self.box.id(), uri = self.uri, vclock = vclock_to_json(vc),
+                   replicaset = self.box.replicaset()}
+    local ok, rev = self.etcd:txn({{key = self.keys.leader, target = 'MOD', value = leader.term}},
+        {require('smartcache.etcd').op_put(self.keys.leader, json.encode(value), self.lease_id)}, {})
+    if not ok then
+        error('the leader key changed during promotion: ' .. tostring(type(rev) == 'table' and rev.message or rev))
+    end
+    leader.vclock, leader.term = vc, rev
+end
+
 -- The key is ours: become writable, in this order.
 function F:promote(leader)
     if self.promoting then
@@ -556,6 +585,7 @@ function F:promote(leader)
             self.box.follow(nil)
             self.following = nil
         end
+        self:rebase(leader)
         self:wait_followers(self.promote_wait)
         -- 2.6.0 confirms what quorum relays have: the quorum must match who is attached.
         self:quorum_step()
@@ -719,7 +749,8 @@ function F:hand_over(cand, timeout_s)
         self:step_down('WAL write failed during switchover: ' .. tostring(barrier_err), {wal = true})
         return {status = 'ERROR', message = 'WAL write failed: ' .. tostring(barrier_err)}
     end
-    -- 2. The candidate catches up.
+    -- 2. The candidate catches up, with everything we have: rows that come
+    -- after the sample (a late CONFIRM) move the target.
     while true do
         local caught = false
         for _, d in ipairs(self.box.downstreams()) do
@@ -728,7 +759,11 @@ function F:hand_over(cand, timeout_s)
             end
         end
         if caught then
-            break
+            local now_vc = self.box.vclock()
+            if vclock_ge(target, now_vc) then
+                break
+            end
+            target = now_vc
         end
         if self.clock() >= until_t then
             return resume('TIMEOUT', 'the candidate did not catch up')
@@ -764,9 +799,9 @@ function F:hand_over(cand, timeout_s)
     while self.clock() < until_t do
         local kv = self.etcd:get(self.keys.members .. cand.uuid)
         local m = kv and decode(kv.value)
-        if m ~= nil and m.role == 'leader' and m.term == rev then
+        if m ~= nil and m.role == 'leader' and (tonumber(m.term) or 0) >= rev then
             return {status = 'OK', pause_ms = math.floor((self.clock() - t0) * 1000), caught_up_ms = caught_up_ms,
-                    candidate_uuid = cand.uuid, term = rev}
+                    candidate_uuid = cand.uuid, term = m.term}
         end
         self.sleep(0.01)
     end

@@ -341,7 +341,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(17)
+test:plan(18)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -751,6 +751,38 @@ test:test('a WAL disk that runs out of room makes any member ineligible until it
     run_for({a, b, c}, TTL / 3 + 2 * POLL)
     t:is(b.fo.wal_broken, nil, 'room again: eligible again')
     t:ok(leader_of({a, b, c}) ~= nil and leader_of({a, b, c}) ~= a, 'and a healthy member leads')
+end)
+
+test:test('a row the candidate got after the hand-over moves the baseline: the old leader is not DIVERGED', function(t)
+    t:plan(4)
+    reset()
+    local fake = new_fake()
+    local a = new_node(fake, 'a', 'aaaa', 1)
+    local b = new_node(fake, 'b', 'bbbb', 2)
+    local c = new_node(fake, 'c', 'cccc', 3)
+    run_for({a, b, c}, 1)
+    a.box.vc = {[1] = 30}
+    b.box.vc = {[1] = 30}
+    c.box.vc = {[1] = 30}
+    local moved = false
+    T.on_sleep = function()
+        if not moved and json.decode((fake.kv[LEADER_KEY] or {value = '{}'}).value).uuid == 'bbbb' then
+            moved = true  -- a late CONFIRM: written by a after the key moved, received by b and c
+            a.box.vc, b.box.vc, c.box.vc = {[1] = 31}, {[1] = 31}, {[1] = 31}
+        end
+        for _, n in ipairs({b, c}) do
+            n.fo:lease_step()
+            n.fo:control_step()
+        end
+    end
+    local old_term = a.fo.term
+    local r = a.fo:switchover('bbbb', 5)
+    T.on_sleep = nil
+    t:is(r.status, 'OK', 'switched over')
+    t:is(json.decode(fake.kv[LEADER_KEY].value).vclock['1'], 31, 'the new leader rewrote the baseline')
+    t:ok(r.term == b.fo.term and r.term > old_term + 1, 'the term moved with it (hand-over, then rewrite)')
+    run_for({a, b, c}, 1)
+    t:is(a.fo.role, 'follower', 'the old leader follows, not DIVERGED')
 end)
 
 os.exit(test:check() and 0 or 1)
