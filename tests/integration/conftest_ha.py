@@ -142,14 +142,14 @@ class HACluster:
                     writable.append(n)
             return writable[0] if len(writable) == 1 else None
 
-        return wait_for(one, timeout_s, what="one writable leader")
+        return wait_for(one, timeout_s, what=lambda: f"one writable leader: {self.roles()}")
 
     def wait_role(self, name: str, role: str, timeout_s: float = 30.0) -> dict[str, Any]:
         def in_role() -> dict[str, Any] | None:
             r = self.role(name)
             return r if r is not None and r["role"] == role else None
 
-        return wait_for(in_role, timeout_s, what=f"{name} is {role}")
+        return wait_for(in_role, timeout_s, what=lambda: f"{name} is {role}: {self.roles()}")
 
     def answers(self, name: str, status: str, proc: str, *args: object) -> bool:
         """Does sc.<proc>(*args) on this instance answer this status now?"""
