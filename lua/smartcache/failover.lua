@@ -885,10 +885,10 @@ function M.box_adapter(opts)
     -- synchronous write that times out fail with the same ER_WAL_IO as a full disk.
     local function disk_check()
         local storage = require('smartcache.storage')
-        local free = storage.disk_free(box.cfg.wal_dir)
-        if free ~= nil and free < storage.min_free_bytes then
+        local free, min_free = storage.disk_free(box.cfg.wal_dir)
+        if free ~= nil and free < min_free then
             return false, string.format('WAL disk almost full: %d MiB free, %d MiB needed',
-                math.floor(free / 1048576), math.floor(storage.min_free_bytes / 1048576))
+                math.floor(free / 1048576), math.ceil(min_free / 1048576))
         end
         local path = fio.pathjoin(box.cfg.wal_dir, '.sc_wal_probe')
         local fh, err = fio.open(path, {'O_WRONLY', 'O_CREAT', 'O_TRUNC'}, tonumber('644', 8))

@@ -16,8 +16,12 @@ M.WAL_ERROR_WINDOW_S = 30
 M.MEMTX_LIMIT_RATIO = 0.9
 
 -- Below this much free space on the WAL's filesystem the instance is unhealthy,
--- and a leader steps down before writes start failing (smartcache.failover).
-M.min_free_bytes = require('smartcache.util').env_number('SC_WAL_MIN_FREE_MB', 64) * 1024 * 1024
+-- and a leader steps down before writes start failing (smartcache.failover):
+-- SC_WAL_MIN_FREE_MB when set, else 64 MiB or a tenth of the filesystem,
+-- whichever is smaller (a small test disk is not unhealthy when empty).
+local MIN_FREE_DEFAULT_BYTES = 64 * 1024 * 1024
+local MIN_FREE_SHARE = 0.1
+M.min_free_setting = require('smartcache.util').env_number('SC_WAL_MIN_FREE_MB', nil)
 
 pcall(ffi.cdef, [[
 struct sc_statvfs {
@@ -28,13 +32,17 @@ struct sc_statvfs {
 int statvfs(const char *path, struct sc_statvfs *buf);
 ]])
 
--- Bytes an unprivileged writer may still use on the filesystem of path; nil if unknown.
+-- Bytes an unprivileged writer may still use on the filesystem of path, and the
+-- free space below which it counts as almost full; nil if unknown.
 function M.disk_free(path)
     local buf = ffi.new('struct sc_statvfs')
     if ffi.C.statvfs(path, buf) ~= 0 then
         return nil
     end
-    return tonumber(buf.f_bavail) * tonumber(buf.f_frsize)
+    local size = tonumber(buf.f_blocks) * tonumber(buf.f_frsize)
+    local min_free = M.min_free_setting and M.min_free_setting * 1024 * 1024
+        or math.min(MIN_FREE_DEFAULT_BYTES, size * MIN_FREE_SHARE)
+    return tonumber(buf.f_bavail) * tonumber(buf.f_frsize), min_free
 end
 
 -- WAL failures seen by procedures (stats.wal_errors), with the time of the last one.
@@ -102,8 +110,11 @@ function M.health()
     if memtx.used_ratio > M.MEMTX_LIMIT_RATIO then
         table.insert(problems, string.format('memtx %.0f%% used', memtx.used_ratio * 100))
     end
-    local free = type(box.cfg) == 'table' and M.disk_free(box.cfg.wal_dir) or nil
-    if free ~= nil and free < M.min_free_bytes then
+    local free, min_free
+    if type(box.cfg) == 'table' then
+        free, min_free = M.disk_free(box.cfg.wal_dir)
+    end
+    if free ~= nil and free < min_free then
         table.insert(problems, string.format('WAL disk almost full: %d MiB free', math.floor(free / 1048576)))
     end
     local doc = {status = box.info.status, read_only = box.info.ro, instance_id = box.info.id,
