@@ -45,7 +45,8 @@ local ha = failover.settings_from_env(util)
 -- not be fsynced. Standalone: the only copy is this disk, so fsync by default.
 local wal_mode = util.env_string('SC_WAL_MODE', ha and 'write' or 'fsync')
 local sync = env_bool('SC_SYNC', ha ~= nil)
-local SYNC_SPACES = {'sessions', 'device', 'idempotency'}
+local SYNC_SPACES = {'sessions', 'device', 'idempotency', 'counters', 'registers', 'sequences', 'semaphore_holders',
+                     'latches', 'queue_tasks'}
 
 local function creds(uri)
     return string.format('%s:%s@%s', replication_user, replication_password, uri)

@@ -28,16 +28,19 @@ import asyncio
 import itertools
 import time
 import uuid
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
 import zmq.auth
 
+from service.coordination_client import CoordinationHelpers
+from service.coordination_locks import DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, AsyncLock
+from service.coordination_objects import DEFAULT_BLOCK, AsyncIdGenerator, CoordinationObjects
 from service.errors import ProtocolError, RequestError, RequestTimeout
 from service.protocol import (
     FLAG_DATA_ERROR,
@@ -190,8 +193,8 @@ def _frames(
 R = TypeVar("R")
 
 
-class _Helpers(ABC, Generic[R]):
-    """Typed helpers, one per message type; all go through ``call``."""
+class _Helpers(CoordinationHelpers[R]):
+    """Typed helpers, one per message type; all go through ``call`` (coordination's in CoordinationHelpers)."""
 
     @abstractmethod
     def call(
@@ -283,8 +286,9 @@ class _Helpers(ABC, Generic[R]):
         return self.call("PRODUCTS_GET", {"client_id": client_id, "data_type": data_type, "version": version})
 
 
-class Client(_Helpers[Reply]):
-    """A blocking client: one DEALER socket, used from one thread."""
+class Client(_Helpers[Reply], CoordinationObjects):
+    """A blocking client: one DEALER socket, used from one thread. ``lock``, ``counter``, ``ids``... make the
+    coordination objects (service/coordination_objects.py)."""
 
     def __init__(
         self,
@@ -300,8 +304,10 @@ class Client(_Helpers[Reply]):
         endpoint may list several endpoints, comma-separated: the socket connects to each, and
         ZeroMQ spreads requests over them (several service instances).
         """
+        self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.retries = retries
+        self._curve = curve
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -345,6 +351,17 @@ class Client(_Helpers[Reply]):
         if isinstance(result, RequestError):
             raise result
         return result
+
+    def twin(self, timeout_s: float | None = None) -> Client:
+        """Another client of the same service, with the same keys and retries: a socket for another thread."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        return Client(self.endpoint, timeout_s=timeout, retries=self.retries, curve=self._curve, context=self._ctx)
+
+    def arrived(self, request_id: int) -> bool:
+        """Whether the reply to an earlier ``send`` is here; reads what the socket holds, never waits."""
+        while request_id not in self._arrived and self._sock.poll(0):
+            self._receive_one()
+        return request_id in self._arrived
 
     def _receive_one(self) -> None:
         frames = self._sock.recv_multipart()
@@ -517,6 +534,16 @@ class AsyncClient(_Helpers["asyncio.Future[Reply]"]):
             fut = self._pending.get(reply.header.request_id)
             if fut is not None and not fut.done():
                 fut.set_result(reply)
+
+    def lock(
+        self, name: str, *, lease_ms: int = DEFAULT_LEASE_MS, wait_ms: int = DEFAULT_WAIT_MS, permits: int = 1
+    ) -> AsyncLock:
+        """``async with client.lock(name) as lock:`` (a semaphore with permits > 1)."""
+        return AsyncLock(self, name, permits=permits, lease_ms=lease_ms, wait_ms=wait_ms)
+
+    def ids(self, name: str, *, block: int = DEFAULT_BLOCK) -> AsyncIdGenerator:
+        """An id generator: ``await ids.next()``."""
+        return AsyncIdGenerator(self, name, block=block)
 
     async def app_start(
         self, device_id: str, *, session_id: SessionId | None = None, version: str | None = None

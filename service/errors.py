@@ -13,6 +13,9 @@
     │   └── BadBody
     ├── RequestError             the service answered with a transport error (client side)
     │   └── RequestTimeout       no reply within the client's timeout
+    ├── CoordinationError        a coordination helper got an answer it cannot use (client side)
+    │   ├── NotAcquired          no permit within the wait
+    │   └── LeaseLost            a lease passed before its holder was done
     ├── StorageError             Tarantool failed
     │   ├── StorageUnavailable   not executed: no connection, stalled, cannot write
     │   │   └── NotLeader        not executed: the instance may not write now
@@ -115,6 +118,29 @@ class RequestTimeout(RequestError):
 
     def __init__(self, message: str) -> None:
         super().__init__("TIMEOUT", message)
+
+
+class CoordinationError(SmartcacheError):
+    """A coordination helper (service/coordination_client.py) got a status it cannot turn into a value.
+
+    ``status`` is the status name, ``body`` the reply. BAD_REQUEST means the
+    arguments are wrong: fix the call.
+    """
+
+    def __init__(self, status: str, message: str, body: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.body = body or {}
+
+
+class NotAcquired(CoordinationError):
+    """No permit of the semaphore (or the lock) became free within the wait; nothing is held. Try later."""
+
+
+class LeaseLost(CoordinationError):
+    """The lease passed before the holder released it (renewals failed, or the process stalled): someone
+    else may have held the permit meanwhile. Work done under it may have overlapped; resources that check
+    the fencing token refuse the old holder."""
 
 
 class StorageError(SmartcacheError):

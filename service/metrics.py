@@ -175,6 +175,26 @@ class Metrics:
         )
         self.prewarm = Counter(f"{p}_prewarm_total", "Prewarm fetches, by outcome.", ["outcome"], registry=r)
         self.products = Counter(f"{p}_products_total", "PRODUCTS_GET answers, by source.", ["source"], registry=r)
+        self.coordination_operations = Counter(
+            f"{p}_coordination_operations_total",
+            "Coordination calls answered by storage, by primitive (counter, register, sequence, semaphore, latch,"
+            " queue) and status.",
+            ["primitive", "outcome"],
+            registry=r,
+        )
+        self.coordination_waiters = Gauge(
+            f"{p}_coordination_waiters",
+            "Calls of this service waiting inside storage now (acquire, latch await, queue take), by primitive.",
+            ["primitive"],
+            registry=r,
+        )
+        self.coordination_lost = Counter(
+            f"{p}_coordination_lost_total",
+            "Holders told they lost what they held: a semaphore lease that had passed (renew), a task taken again"
+            " after its time-to-run (ack, release), by primitive.",
+            ["primitive"],
+            registry=r,
+        )
         self.backend_calls = Counter(
             f"{p}_backend_calls_total",
             "Core backend HTTP calls, by data type and outcome.",
@@ -198,6 +218,10 @@ class Metrics:
             self.prewarm.labels(outcome)
         for source in ("cache", "waited", "fetched", "error"):
             self.products.labels(source)
+        for primitive in ("counter", "register", "sequence", "semaphore", "latch", "queue"):
+            self.coordination_waiters.labels(primitive)
+        for primitive in ("semaphore", "queue"):
+            self.coordination_lost.labels(primitive)
         for reason in REJECTION_REASONS:
             self.rejections.labels(reason)
         for error in BAD_INPUT_ERRORS:

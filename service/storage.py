@@ -293,7 +293,7 @@ class Storage:
         """The leader; waits for one while the message has time. Reads fall back to any instance that is up."""
         if self.leader is not None:
             return self.leader
-        if procedure not in WRITES:
+        if procedure not in WRITES and procedure not in WAITING_WRITES:
             for instance in self.instances:
                 if instance.up:
                     return instance
@@ -423,5 +423,18 @@ WRITES = frozenset(
         "prewarm_acquire",
         "prewarm_complete",
         "prewarm_fail",
+        "counter_add",
+        "counter_cas",
+        "register_cas",
+        "sequence_reserve",
+        "semaphore_release",
+        "semaphore_renew",
+        "latch_create",
+        "latch_count_down",
+        "queue_put",
+        "queue_ack",
+        "queue_release",
     }
 )
+#: procedures that wait, then write (api.lua `waits`, but for latch_await, a read): only the leader takes them
+WAITING_WRITES = frozenset({"semaphore_acquire", "queue_take"})

@@ -20,6 +20,10 @@ local sessions = require('smartcache.sessions')
 local cache = require('smartcache.cache')
 local device = require('smartcache.device')
 local prewarm = require('smartcache.prewarm')
+local atomics = require('smartcache.atomics')
+local semaphores = require('smartcache.semaphores')
+local latches = require('smartcache.latches')
+local queues = require('smartcache.queues')
 local stats = require('smartcache.stats')
 local idempotency = require('smartcache.idempotency')
 local failover = require('smartcache.failover')
@@ -45,6 +49,17 @@ local writes = {
     prewarm_acquire = prewarm.acquire,
     prewarm_complete = prewarm.complete,
     prewarm_fail = prewarm.fail,
+    counter_add = atomics.counter_add,
+    counter_cas = atomics.counter_cas,
+    register_cas = atomics.register_cas,
+    sequence_reserve = atomics.sequence_reserve,
+    semaphore_release = semaphores.release,
+    semaphore_renew = semaphores.renew,
+    latch_create = latches.create,
+    latch_count_down = latches.count_down,
+    queue_put = queues.put,
+    queue_ack = queues.ack,
+    queue_release = queues.release,
 }
 
 -- Everything else: reads, waits, and reads that write only opportunistically
@@ -57,10 +72,29 @@ local reads = {
     device_lookup = device.lookup,
     prewarm_wait = prewarm.wait,
     stats = stats.stats,
+    counter_get = atomics.counter_get,
+    register_get = atomics.register_get,
+    sequence_get = atomics.sequence_get,
+    semaphore_get = semaphores.get,
+    latch_get = latches.get,
+    queue_stats = queues.stats,
     -- Failover (smartcache.failover): what the service polls, and the operator's actions.
     role = failover.role,
     switchover = failover.switchover,
     rejoin = failover.rejoin,
+}
+
+-- Procedures that may wait (on a fiber.cond, outside any transaction) before
+-- they answer. They get the call's deadline (ms, or nil) and idempotency key
+-- (or nil) first, grant nothing after the deadline, check util.writable()
+-- themselves before writing and write in short transactions of their own.
+-- Not in `writes`: a yield inside the idempotency wrapper's transaction would
+-- abort it; each says what a repeat does (the holder of an acquire, the key
+-- of a take).
+local waits = {
+    semaphore_acquire = semaphores.acquire,
+    latch_await = latches.await,
+    queue_take = queues.take,
 }
 
 -- Only with SC_DEBUG_PROCEDURES=1 (tests): a deliberately slow procedure.
@@ -124,12 +158,31 @@ local function write_procedure(name, fn)
     end
 end
 
+local function wait_procedure(fn)
+    return function(meta, ...)
+        if past(meta) then
+            return DEADLINE_EXCEEDED
+        end
+        local deadline, key = meta, nil
+        if type(meta) == 'table' then
+            deadline, key = meta.deadline_ms, meta.idempotency_key
+        end
+        -- box.NULL (msgpack nil) == nil, but is truthy: pass a real nil.
+        if deadline == nil then deadline = nil end
+        if key == nil then key = nil end
+        return counted(pcall(fn, deadline, key, ...))
+    end
+end
+
 _G.sc = {}
 for name, fn in pairs(reads) do
     _G.sc[name] = read_procedure(fn)
 end
 for name, fn in pairs(writes) do
     _G.sc[name] = write_procedure(name, fn)
+end
+for name, fn in pairs(waits) do
+    _G.sc[name] = wait_procedure(fn)
 end
 
 M.names = {}

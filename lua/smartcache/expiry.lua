@@ -13,7 +13,8 @@ local sessions = require('smartcache.sessions')
 
 local M = {}
 
-M.expired = {sessions = 0, cache = 0, prewarm = 0, idempotency = 0}
+M.expired = {sessions = 0, cache = 0, prewarm = 0, idempotency = 0, counters = 0, registers = 0, latches = 0,
+             semaphore_holders = 0}
 M.errors = 0
 -- Set to true to hold all sweeping (tests, maintenance); the fibers keep sleeping.
 M.paused = false
@@ -44,6 +45,33 @@ local spaces = {
         deadline = schema.F.idempotency.expires_at,
         delete = function(t)
             box.space.idempotency:delete(t[schema.F.idempotency.key])
+        end,
+    },
+    -- Coordination (smartcache.coordination): TTLs, and semaphore leases that
+    -- ran out (the delete wakes the semaphore's first waiter).
+    counters = {
+        deadline = schema.F.counters.expires_at,
+        delete = function(t)
+            box.space.counters:delete(t[schema.F.counters.name])
+        end,
+    },
+    registers = {
+        deadline = schema.F.registers.expires_at,
+        delete = function(t)
+            box.space.registers:delete(t[schema.F.registers.name])
+        end,
+    },
+    latches = {
+        deadline = schema.F.latches.expires_at,
+        delete = function(t)
+            box.space.latches:delete(t[schema.F.latches.name])
+        end,
+    },
+    semaphore_holders = {
+        deadline = schema.F.semaphore_holders.lease_until,
+        delete = function(t)
+            box.space.semaphore_holders:delete({t[schema.F.semaphore_holders.name],
+                                                t[schema.F.semaphore_holders.holder]})
         end,
     },
 }

@@ -8,7 +8,7 @@ local log = require('log')
 local M = {}
 
 -- Bump when a migration is added; stored in space sc_meta under 'schema_version'.
-M.VERSION = 2
+M.VERSION = 3
 
 M.FORMAT = {
     sc_meta = {
@@ -59,6 +59,54 @@ M.FORMAT = {
         {name = 'expires_at', type = 'unsigned'},  -- ms; swept after this
         {name = 'result', type = 'any'},           -- the procedure's answer, returned on a repeat
     },
+    -- Coordination primitives (smartcache.coordination). NEVER (2^46 ms) = no deadline.
+    counters = {
+        {name = 'name', type = 'string'},
+        {name = 'value', type = 'integer'},        -- |value| <= 2^53 - 1
+        {name = 'rev', type = 'unsigned'},         -- 1 at create, +1 per change
+        {name = 'updated_at', type = 'unsigned'},
+        {name = 'expires_at', type = 'unsigned'},  -- creation + ttl (a fixed window), or NEVER
+    },
+    registers = {
+        {name = 'name', type = 'string'},
+        {name = 'rev', type = 'unsigned'},         -- 1 at create, +1 per write
+        {name = 'updated_at', type = 'unsigned'},
+        {name = 'expires_at', type = 'unsigned'},  -- last write + its ttl, or NEVER
+        {name = 'value', type = 'any'},
+    },
+    sequences = {
+        {name = 'name', type = 'string'},
+        {name = 'next', type = 'unsigned'},        -- first id not handed out yet
+        {name = 'updated_at', type = 'unsigned'},
+    },
+    semaphore_holders = {
+        {name = 'name', type = 'string'},          -- the semaphore (or lock)
+        {name = 'holder', type = 'string'},        -- chosen by the caller, unique per acquirer
+        {name = 'token', type = 'unsigned'},       -- fencing token (sequence sc_fence)
+        {name = 'permits', type = 'unsigned'},     -- the semaphore's size, as this holder gave it
+        {name = 'acquired_at', type = 'unsigned'},
+        {name = 'lease_until', type = 'unsigned'}, -- the permit is free from then on
+    },
+    latches = {
+        {name = 'name', type = 'string'},
+        {name = 'count', type = 'unsigned'},       -- 0: open
+        {name = 'initial', type = 'unsigned'},
+        {name = 'created_at', type = 'unsigned'},
+        {name = 'expires_at', type = 'unsigned'},
+    },
+    queue_tasks = {
+        {name = 'id', type = 'unsigned'},          -- sequence sc_task_id, across queues
+        {name = 'queue', type = 'string'},
+        {name = 'state', type = 'string'},         -- ready | taken | delayed (done = deleted)
+        {name = 'priority', type = 'unsigned'},    -- 0 first; FIFO within a priority
+        {name = 'next_event', type = 'unsigned'},  -- ready: expires_at; taken: end of ttr; delayed: end of delay
+        {name = 'expires_at', type = 'unsigned'},  -- TTL deadline, or NEVER
+        {name = 'created_at', type = 'unsigned'},
+        {name = 'attempt', type = 'unsigned'},     -- times taken
+        {name = 'ttr_ms', type = 'unsigned'},      -- time-to-run of the last take
+        {name = 'taken_key', type = 'string'},     -- idempotency key of the current take, or ''
+        {name = 'payload', type = 'any', is_nullable = true},
+    },
 }
 
 -- Tuple positions by field name, from the formats above.
@@ -104,6 +152,30 @@ migrations[2] = function()
     local idem = space('idempotency')
     idem:create_index('primary', {parts = {'key'}, if_not_exists = true})
     idem:create_index('by_deadline', {parts = {'expires_at', 'key'}, if_not_exists = true})
+end
+
+-- Version 3: coordination primitives (counters, registers, sequences, semaphores, latches, queues).
+migrations[3] = function()
+    for _, name in ipairs({'counters', 'registers', 'latches'}) do
+        local s = space(name)
+        s:create_index('primary', {parts = {'name'}, if_not_exists = true})
+        s:create_index('by_deadline', {parts = {'expires_at', 'name'}, if_not_exists = true})
+    end
+    space('sequences'):create_index('primary', {parts = {'name'}, if_not_exists = true})
+
+    local holders = space('semaphore_holders')
+    -- Primary (name, holder) doubles as the holders-of-a-name index (prefix).
+    holders:create_index('primary', {parts = {'name', 'holder'}, if_not_exists = true})
+    holders:create_index('by_deadline', {parts = {'lease_until', 'name', 'holder'}, if_not_exists = true})
+
+    local tasks = space('queue_tasks')
+    tasks:create_index('primary', {parts = {'id'}, if_not_exists = true})
+    tasks:create_index('ready', {parts = {'queue', 'state', 'priority', 'id'}, if_not_exists = true})
+    tasks:create_index('watch', {parts = {'state', 'next_event', 'id'}, if_not_exists = true})
+    tasks:create_index('by_taken_key', {parts = {'taken_key', 'id'}, if_not_exists = true})
+
+    box.schema.sequence.create('sc_fence', {if_not_exists = true})
+    box.schema.sequence.create('sc_task_id', {if_not_exists = true})
 end
 
 function M.current_version()

@@ -5,7 +5,8 @@ local util = require('smartcache.util')
 
 local M = {}
 
-M.SPACES = {'sessions', 'cache', 'device', 'prewarm'}
+M.SPACES = {'sessions', 'cache', 'device', 'prewarm', 'counters', 'registers', 'sequences', 'semaphore_holders',
+            'latches', 'queue_tasks'}
 M.wal_errors = 0
 
 function M.replication()
@@ -41,6 +42,7 @@ function M.stats()
         instance_uuid = box.info.uuid,
         replication = M.replication(),
         now_ms = util.now_ms(),
+        coordination = require('smartcache.coordination').stats(),
     })
 end
 

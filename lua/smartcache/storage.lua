@@ -79,6 +79,7 @@ function M.start()
         end)
     end
     expiry.start()
+    require('smartcache.coordination').start()  -- triggers of the coordination spaces, the queue fiber
     if M.wal_fiber == nil then
         M.wal_fiber = fiber.create(watch_wal)
     end

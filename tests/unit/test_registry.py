@@ -130,4 +130,19 @@ def test_write_types_take_an_idempotency_key_and_only_they() -> None:
         "CACHE_PUT",
         "CACHE_DELETE",
         "DEVICE_BIND",
+        # Coordination (PROTOCOL.md): waiting writes keep no stored answer; SEMAPHORE_ACQUIRE's holder makes a
+        # repeat harmless, QUEUE_TAKE's key returns the task taken under it.
+        "SEMAPHORE_ACQUIRE",
+        "COUNTER_ADD",
+        "COUNTER_CAS",
+        "REGISTER_CAS",
+        "SEQUENCE_RESERVE",
+        "SEMAPHORE_RELEASE",
+        "SEMAPHORE_RENEW",
+        "LATCH_CREATE",
+        "LATCH_COUNT_DOWN",
+        "QUEUE_PUT",
+        "QUEUE_TAKE",
+        "QUEUE_ACK",
+        "QUEUE_RELEASE",
     }

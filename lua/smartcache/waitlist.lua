@@ -1,0 +1,108 @@
+-- Fibers waiting for something, per key, in arrival order (FIFO).
+--
+-- A waiter is woken by a signal (push, no polling). A signal is remembered
+-- until the waiter next waits: a waiter busy committing a transaction when
+-- the signal comes (a WAL write yields) does not miss it.
+--
+--   local w = list:join(key)        -- at the tail
+--   list:wait(w, timeout_s)         -- true: signalled; false: timed out
+--   list:is_head(w)
+--   list:wake_head(key)             -- the first waiter (FIFO hand-over)
+--   list:wake_all(key)              -- everyone (a latch reached zero)
+--   list:leave(w)                   -- when done, always; wakes the next head
+local fiber = require('fiber')
+
+local M = {}
+
+local List = {}
+List.__index = List
+
+function M.new()
+    return setmetatable({lists = {}, waiting = 0}, List)
+end
+
+function List:join(key)
+    local l = self.lists[key]
+    if l == nil then
+        l = {n = 0}
+        self.lists[key] = l
+    end
+    local w = {key = key, cond = fiber.cond(), signalled = false}
+    if l.tail == nil then
+        l.head, l.tail = w, w
+    else
+        l.tail.next, w.prev, l.tail = w, l.tail, w
+    end
+    l.n = l.n + 1
+    self.waiting = self.waiting + 1
+    return w
+end
+
+local function signal(w)
+    w.signalled = true
+    w.cond:signal()
+end
+
+-- Remove w; if it was first, the new first one is woken (it may proceed now).
+function List:leave(w)
+    local l = self.lists[w.key]
+    if l == nil or w.left then
+        return
+    end
+    w.left = true
+    local was_head = l.head == w
+    if w.prev ~= nil then w.prev.next = w.next else l.head = w.next end
+    if w.next ~= nil then w.next.prev = w.prev else l.tail = w.prev end
+    l.n = l.n - 1
+    self.waiting = self.waiting - 1
+    if l.n == 0 then
+        self.lists[w.key] = nil
+    elseif was_head then
+        signal(l.head)
+    end
+end
+
+-- Wait for a signal (one that came since the last wait counts at once).
+function List.wait(_, w, timeout_s)
+    if not w.signalled then
+        w.cond:wait(math.max(timeout_s, 0))
+    end
+    local got = w.signalled
+    w.signalled = false
+    return got
+end
+
+function List:is_head(w)
+    local l = self.lists[w.key]
+    return l ~= nil and l.head == w
+end
+
+function List:wake_head(key)
+    local l = self.lists[key]
+    if l ~= nil then
+        signal(l.head)
+    end
+end
+
+function List:wake_all(key)
+    local l = self.lists[key]
+    if l == nil then
+        return
+    end
+    local w = l.head
+    while w ~= nil do
+        signal(w)
+        w = w.next
+    end
+end
+
+function List:count(key)
+    local l = self.lists[key]
+    return l and l.n or 0
+end
+
+function List:total()
+    return self.waiting
+end
+
+return M
