@@ -43,6 +43,13 @@ valid = [
      decoded(type_=20, terr=8, flags=1, rid=2**64 - 1), {"status": 99, "error": "QUEUE_FULL", "message": "queue full"}),
     ("app start, NO_REPLY", header(type_=40, flags=2, rid=9), body({"device_id": "dev-1"}),
      decoded(type_=40, flags=2, rid=9), {"device_id": "dev-1"}),
+    ("lock acquire, waiting up to 5 s in a 6 s lifetime", header(type_=60, lifetime=6000, rid=11),
+     body({"name": "pay:c-1", "holder": "h2", "lease_ms": 10000, "wait_ms": 5000}),
+     decoded(type_=60, lifetime=6000, rid=11), {"name": "pay:c-1", "holder": "h2", "lease_ms": 10000, "wait_ms": 5000}),
+    ("lock acquire reply TIMEOUT (status 14, DATA_ERROR)", header(type_=60, flags=1, lifetime=6000, rid=11),
+     body({"status": 14, "holders": 1, "error": "TIMEOUT", "message": "no permit free within wait_ms"}),
+     decoded(type_=60, flags=1, lifetime=6000, rid=11),
+     {"status": 14, "holders": 1, "error": "TIMEOUT", "message": "no permit free within wait_ms"}),
 ]
 
 invalid = [
