@@ -67,7 +67,8 @@ FUZZ_SECONDS ?= 600
 fuzz: venv  ## coverage-guided fuzzing of the codec with atheris for FUZZ_SECONDS (600); corpus in tests/fuzz/corpus
 	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,fuzz]'
 	$(PY) tests/fuzz/seed_corpus.py
-	$(PY) tests/fuzz/fuzz_codec.py tests/fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+	mkdir -p var/fuzz
+	$(PY) tests/fuzz/fuzz_codec.py tests/fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=var/fuzz/
 
 docker-test: venv  ## images, the compose stack, end-to-end smoke suite, all torn down (KEEP_IMAGES=1 keeps images)
 	bash docker/test.sh

@@ -4,7 +4,7 @@ Every input is split into a header frame and a body frame and decoded the way
 the service decodes a client's message. Decoding must either succeed or raise
 a ProtocolError (answered with its transport error); anything else is a
 crash. A decoded header must encode back to the same bytes, and a decoded body
-must be a map with string keys that encodes and decodes to itself.
+must be a map with string keys whose encoding survives a decode.
 
     .venv/bin/python tests/fuzz/fuzz_codec.py tests/fuzz/corpus -max_total_time=600
 
@@ -58,7 +58,8 @@ def test_one_input(data: bytes) -> None:
     except ProtocolError:
         return
     _check_body(body)
-    assert decode_body(encode_body(body)) == body
+    once = encode_body(body)  # compared as bytes: a NaN is not equal to itself
+    assert encode_body(decode_body(once)) == once
 
 
 def main() -> None:
