@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import zmq
 
-from service import __version__, cli_admin
+from service import __version__, cli_admin, cli_coordination
 from service.client import DEFAULT_TIMEOUT_S, Client, CurveKeys, Reply
 from service.config import PORT_OFFSET_VARIABLE
 from service.errors import RequestError, RequestTimeout
@@ -193,6 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     g = command("products-get", "a client's products of one data type")
     g.add_argument("client_id", help="the bank's client id")
     g.add_argument("data_type", type=int, help=f"product data type: {DATA_TYPES}")
+    cli_coordination.add_parsers(command, data)
     cli_admin.add_parsers(sub)
     return p
 
@@ -241,6 +242,8 @@ def _run(c: Client, a: argparse.Namespace) -> Reply | None:
         case "app-start":
             c.app_start(a.device_id)
             return None
+        case name if name in cli_coordination.COMMANDS:
+            return cli_coordination.run(c, a)
     raise AssertionError(a.command)
 
 

@@ -37,6 +37,18 @@ SUBCOMMANDS = [
     "info",
     "cluster",
     "keys",
+    "counter-get",
+    "counter-add",
+    "counter-cas",
+    "register-get",
+    "register-cas",
+    "sequence-get",
+    "semaphore-get",
+    "semaphore-release",
+    "latch-get",
+    "latch-count-down",
+    "queue-stats",
+    "queue-put",
 ]
 
 

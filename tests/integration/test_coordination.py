@@ -19,6 +19,7 @@ from service.devstack import Tarantool
 from service.errors import LeaseLost, NotAcquired
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
+from tests.integration.test_cli import cli
 from tests.linearizability import Op, counter_step, linearizable, register_step
 
 
@@ -415,3 +416,26 @@ def test_a_corrupted_history_is_caught_so_the_check_above_is_not_vacuous(pair: t
     first = min(history, key=lambda op: op.answered)
     history[history.index(first)] = Op(first.client, first.invoked, first.answered, "add", (1,), 10_000)
     assert not linearizable(history, 0, counter_step)
+
+
+# -- smartcache-cli ------------------------------------------------------------------------------
+
+
+def test_cli_inspects_and_fixes_coordination_state(svc: Running) -> None:
+    ctr, lock, q = name("cli-ctr"), name("cli-lock"), name("cli-q")
+    assert cli(svc, "counter-add", ctr, "5") == (0, {"status": "OK", "value": 5, "rev": 1})
+    assert cli(svc, "counter-add", ctr, "--max", "5")[1]["status"] == "CONFLICT"
+    assert cli(svc, "counter-cas", ctr, "5", "0")[1]["value"] == 0
+    assert cli(svc, "counter-get", name("absent"))[0] == 1
+    assert cli(svc, "register-cas", name("cli-reg"), '{"a": 1}', "--expected-rev", "0")[1]["rev"] == 1
+    svc.client.semaphore_acquire(lock, "dead-holder", 600_000)
+    code, doc = cli(svc, "semaphore-get", lock)
+    assert (code, [h["holder"] for h in doc["holders"]]) == (0, ["dead-holder"])
+    assert cli(svc, "semaphore-release", lock, "dead-holder")[0] == 0
+    assert cli(svc, "semaphore-get", lock)[1]["holders"] == []
+    assert cli(svc, "queue-put", q, '{"doc": 1}', "--priority", "2")[0] == 0
+    assert cli(svc, "queue-stats", q)[1] == {"status": "OK", "ready": 1, "taken": 0, "delayed": 0, "waiters": 0}
+    svc.client.latch_create(lock, 2)
+    assert cli(svc, "latch-count-down", lock, "--n", "2")[1]["count"] == 0
+    assert cli(svc, "latch-get", lock)[1]["count"] == 0
+    assert cli(svc, "sequence-get", name("never"))[0] == 1
