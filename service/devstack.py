@@ -54,13 +54,20 @@ _PR_SET_PDEATHSIG = 1
 _TCP_LISTEN = "0A"  # socket state in /proc/net/tcp
 #: make run's ports: variable -> default (SMARTCACHE_PORT_OFFSET is added to each default)
 DEFAULT_PORTS = {
-    "SC_MASTER_PORT": 3301,
-    "SC_REPLICA_PORT": 3302,
-    "SC_MASTER_HTTP_PORT": 8301,
-    "SC_REPLICA_HTTP_PORT": 8302,
+    "SC_PORT_1": 3301,
+    "SC_PORT_2": 3302,
+    "SC_PORT_3": 3303,
+    "SC_HTTP_PORT_1": 8301,
+    "SC_HTTP_PORT_2": 8302,
+    "SC_HTTP_PORT_3": 8303,
+    "ETCD_PORT": 2379,
     "BACKEND_PORT": 8090,
     "SMARTCACHE_METRICS_PORT": 9105,
 }
+#: the three Tarantool instances of make run (elected: none is master by configuration)
+INSTANCES = ("tarantool-1", "tarantool-2", "tarantool-3")
+#: etcd runs as long as make run; its data stays in var/ like the instances'
+ETCD_LIFETIME_S = 30 * 86400
 DEFAULT_LISTEN_PORT = 5555
 MAX_PORT_OFFSET = 65535 - max(DEFAULT_PORTS.values())
 
@@ -351,7 +358,7 @@ def main() -> int:
         plan = Plan.from_env(dict(os.environ))
         service_env = {
             "SMARTCACHE_LISTEN": plan.listen,
-            "SMARTCACHE_TARANTOOL": f"127.0.0.1:{plan.ports['SC_MASTER_PORT']}",
+            "SMARTCACHE_TARANTOOL": ",".join(f"127.0.0.1:{plan.ports[f'SC_PORT_{i}']}" for i in (1, 2, 3)),
             "SMARTCACHE_METRICS_PORT": str(plan.ports["SMARTCACHE_METRICS_PORT"]),
             "SMARTCACHE_BACKEND_URL": f"http://127.0.0.1:{plan.ports['BACKEND_PORT']}",
         }
@@ -367,16 +374,19 @@ def main() -> int:
 
 
 def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
+    from devtools.etcd import Etcd  # noqa: PLC0415 - dev tooling; devtools imports this module
+
     p = plan.ports
-    master = Tarantool.create("master", plan.base, port=p["SC_MASTER_PORT"], http_port=p["SC_MASTER_HTTP_PORT"])
-    replica = Tarantool.create(
-        "replica",
-        plan.base,
-        port=p["SC_REPLICA_PORT"],
-        http_port=p["SC_REPLICA_HTTP_PORT"],
-        read_only=True,
-        replication=[master.address],
-    )
+    etcd = Etcd.create(plan.base, client_port=p["ETCD_PORT"], lifetime_s=ETCD_LIFETIME_S)
+    ha = {
+        "SC_ETCD": etcd.url,
+        "SC_CLUSTER": "make-run",
+        "SC_CLUSTER_SIZE": str(len(INSTANCES)),
+    }
+    instances = [
+        Tarantool.create(name, plan.base, port=p[f"SC_PORT_{i}"], http_port=p[f"SC_HTTP_PORT_{i}"], extra_env=ha)
+        for i, name in enumerate(INSTANCES, 1)
+    ]
     backend = Child(
         name="backend",
         argv=[sys.executable, "-m", "loadtest.backend", "--port", str(p["BACKEND_PORT"])],
@@ -390,21 +400,32 @@ def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
     tail = LogTail(sys.stdout).start() if sys.stdout.isatty() else None
     children: list[Child] = []
     try:
-        for child in (master, replica, backend, service):
+        for child in (etcd, *instances, backend, service):
             child.start()
             children.append(child)
             if tail is not None:
                 tail.follow(child)
-            if isinstance(child, Tarantool):
-                child.wait_ready(stop=stop)
+            if child is etcd:
+                try:
+                    etcd.wait_ready()
+                except (RuntimeError, TimeoutError) as e:
+                    raise NotReady(str(e)) from e
+        leader = _wait_leader(instances, stop)
         backend.wait_listening(p["BACKEND_PORT"], stop=stop)
         service.wait_listening(p["SMARTCACHE_METRICS_PORT"], *filter(None, [plan.listen_port]), stop=stop)
         service.wait_until("/health/ready 200", lambda: _http_status(metrics_url + "/health/ready") == 200, stop=stop)
         banner = [
             ("service (ZeroMQ)", f"{plan.listen}  log {service.log_path}"),
             ("service metrics", f"{metrics_url}/metrics  health {metrics_url}/health/ready"),
-            ("tarantool master", f"{master.address}  http {master.http_url}  log {master.log_path}"),
-            ("tarantool replica", f"{replica.address}  http {replica.http_url}  log {replica.log_path}"),
+            *(
+                (
+                    f"{t.name}{' (leader)' if t is leader else ''}",
+                    f"{t.address}  http {t.http_url}  log {t.log_path}",
+                )
+                for t in instances
+            ),
+            ("etcd (who leads)", f"{etcd.url}  log {etcd.log_path}"),
+            ("cluster", ".venv/bin/smartcache-cli cluster status"),
             ("simulated backend", f"http://127.0.0.1:{p['BACKEND_PORT']}  log {backend.log_path}"),
             ("try", f".venv/bin/smartcache-cli --endpoint {plan.listen} ping"),
             ("ready; stop with", "Ctrl-C"),
@@ -429,6 +450,25 @@ def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
             c.stop()
         if tail is not None:
             tail.stop()
+
+
+def _wait_leader(instances: list[Tarantool], stop: threading.Event) -> Tarantool:
+    """Until etcd has elected one of the instances (each must be alive); returns it."""
+    elected: list[Tarantool] = []
+
+    def one_leads() -> bool:
+        for t in instances:
+            if not t.alive():
+                raise NotReady(f"{t.name} exited before a leader was elected:\n{t.log_tail()}")
+            with contextlib.suppress(OSError, ValueError):
+                status, doc = http_get_json(t.http_url + "/health", timeout_s=1.0)
+                if status == 200 and doc.get("role") == "leader":
+                    elected[:] = [t]
+                    return True
+        return False
+
+    instances[0].wait_until("a leader elected by etcd", one_leads, READY_TIMEOUT_S, stop)
+    return elected[0]
 
 
 def _http_status(url: str) -> int:

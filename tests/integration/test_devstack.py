@@ -31,15 +31,8 @@ from service.devstack import (
     port_is_free,
 )
 
-PORT_VARIABLES = (
-    "SC_MASTER_PORT",
-    "SC_REPLICA_PORT",
-    "SC_MASTER_HTTP_PORT",
-    "SC_REPLICA_HTTP_PORT",
-    "BACKEND_PORT",
-    "SMARTCACHE_METRICS_PORT",
-)
-LOGS = ("master", "replica", "backend", "service")
+PORT_VARIABLES = tuple(DEFAULT_PORTS)
+LOGS = ("tarantool-1", "tarantool-2", "tarantool-3", "backend", "service")
 
 
 def _alive(pid: int) -> bool:
@@ -152,7 +145,8 @@ def test_make_run_moved_by_one_variable_serves_the_quick_start_shows_coloured_lo
         terminal.wait_for("Ctrl-C", proc)
         assert listen in terminal.text
         children = _children(proc.pid)
-        assert len(children) == 4  # master, replica, backend, service
+        assert len(children) == 6  # etcd, three Tarantool instances (one elected), backend, service
+        assert "(leader)" in terminal.text  # the banner says who leads
         # the README's quick start, with nothing but SMARTCACHE_PORT_OFFSET set
         assert _cli(env, "ping")["status"] == "OK"
         created = _cli(env, "session-create", "client-7", "--data", '{"step": 1}')
@@ -160,9 +154,22 @@ def test_make_run_moved_by_one_variable_serves_the_quick_start_shows_coloured_lo
         assert _cli(env, "device-bind", "dev-1", "client-7")["status"] == "OK"
         assert _cli(env, "app-start", "dev-1")["status"] == "SENT"
         assert _cli(env, "products-get", "client-7", "1")["status"] == "OK"
-        replica = f"http://127.0.0.1:{DEFAULT_PORTS['SC_REPLICA_HTTP_PORT'] + offset}"
-        health = httpx.get(f"{replica}/health", timeout=5).json()
-        assert (health["role"], health["replication"][0]["upstream_status"]) == ("replica", "follow")
+        roles = sorted(
+            httpx.get(f"http://127.0.0.1:{DEFAULT_PORTS[f'SC_HTTP_PORT_{i}'] + offset}/health", timeout=5).json()[
+                "role"
+            ]
+            for i in (1, 2, 3)
+        )
+        assert roles == ["follower", "follower", "leader"]
+        status = subprocess.run(
+            [sys.executable, "-m", "service.cli", "cluster", "status"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert status.returncode == 0, status.stdout  # exactly one writable, everyone reachable
         assert "smartcache_build_info" in httpx.get(f"{metrics}/metrics", timeout=5).text
         assert httpx.get(f"{metrics}/health/ready", timeout=5).status_code == 200
 
@@ -214,9 +221,9 @@ def test_make_run_refuses_a_port_that_is_taken_and_names_its_variable(tmp_path: 
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        ({"SC_MASTER_PORT": "abc"}, "SC_MASTER_PORT='abc'"),
+        ({"SC_PORT_1": "abc"}, "SC_PORT_1='abc'"),
         ({"SMARTCACHE_METRICS_PORT": "99999"}, "SMARTCACHE_METRICS_PORT='99999'"),
-        ({"SC_MASTER_PORT": "4001", "SC_REPLICA_PORT": "4001"}, "SC_MASTER_PORT and SC_REPLICA_PORT share port 4001"),
+        ({"SC_PORT_1": "4001", "SC_PORT_2": "4001"}, "SC_PORT_1 and SC_PORT_2 share port 4001"),
         ({"SMARTCACHE_LISTEN": "127.0.0.1:5555"}, "SMARTCACHE_LISTEN"),
         ({"SMARTCACHE_WORKERS": "0"}, "SMARTCACHE_WORKERS='0'"),  # the service's own settings are checked first
     ],
