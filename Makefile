@@ -60,7 +60,7 @@ fmt: venv  ## ruff format and autofix
 	$(VENV)/bin/ruff format service tests loadtest devtools
 	$(VENV)/bin/ruff check --fix service tests loadtest devtools
 
-bench: venv  ## session scenario through the service at W=1/16/128 vs direct (about 45 s; var/bench.json)
+bench: venv  ## session scenario at W=1/16/128 vs direct, with CURVE, fsync and HA (3 sync) rows (about 2 min; var/bench.json)
 	$(PY) -m loadtest bench
 
 FUZZ_SECONDS ?= 600

@@ -25,7 +25,7 @@ from loadtest.backend import Backend
 from loadtest.generator import Job
 from loadtest.prewarm import run as run_prewarm
 from loadtest.report import format_line
-from loadtest.stack import curve_keys, service, stack
+from loadtest.stack import curve_keys, ha_stack, service, stack
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
@@ -55,7 +55,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     rows = []
-    with stack() as (master, sut):
+    # The baseline rows: one instance with wal_mode write (survives a process crash), as measured before.
+    with stack(tarantool_env={"SC_WAL_MODE": "write"}) as (master, sut):
         cpu0 = sut.cpu_seconds()
         answered = 0
         for inflight, procs in ((1, 1), (16, 2), (128, 2)):
@@ -78,12 +79,26 @@ def cmd_bench(a: argparse.Namespace) -> int:
         d = direct.run(master.address, threads=4, duration_s=a.duration)
         rows.append(d)
         print(format_line(d), flush=True)
+    # The durability profiles: one instance with fsync (the standalone default), and HA (three instances,
+    # synchronous sessions: an acknowledged write is on a quorum).
+    print("  profiles: one instance with fsync; three with synchronous replication...", file=sys.stderr, flush=True)
+    profiles = []
+    with stack(tarantool_env={"SC_WAL_MODE": "fsync"}) as (_, fsynced):
+        job = Job(endpoint=fsynced.endpoint, scenario="session", duration_s=a.duration, inflight=128)
+        profiles.append(runner.run(job, 2, label="service session W=128 fsync"))
+        print(format_line(profiles[-1]), flush=True)
+    with ha_stack() as (_, ha):
+        job = Job(endpoint=ha.endpoint, scenario="session", duration_s=a.duration, inflight=128)
+        profiles.append(runner.run(job, 2, label="service session W=128 HA 3 sync"))
+        print(format_line(profiles[-1]), flush=True)
     best = max(r["throughput_rps"] for r in rows[:3])
     summary = {
         "service_best_rps": best,
         "direct_rps": d["throughput_rps"],
         "ratio_service_to_direct": round(best / d["throughput_rps"], 2),
         "ratio_curve_to_plain_at_W128": round(curve_row["throughput_rps"] / rows[2]["throughput_rps"], 2),
+        "ratio_fsync_to_write_at_W128": round(profiles[0]["throughput_rps"] / rows[2]["throughput_rps"], 2),
+        "ratio_ha_sync_to_write_at_W128": round(profiles[1]["throughput_rps"] / rows[2]["throughput_rps"], 2),
         "service_peak_rss_mib": round(peak_rss / 2**20, 1),
         "service_cpu_seconds_per_1000_requests": round(cpu / answered * 1000, 3),
         "target_12000_rps_at_W128": rows[2]["throughput_rps"] >= 12000,
@@ -92,6 +107,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     print()
     print(f"ratio service/direct: {summary['ratio_service_to_direct']} (original: 7000/12000 = 0.58)")
     print(f"ratio CURVE/plain at W=128: {summary['ratio_curve_to_plain_at_W128']} (aim: at least 0.75)")
+    print(
+        f"durability at W=128, ratio to wal_mode write: fsync {summary['ratio_fsync_to_write_at_W128']}, "
+        f"HA 3 instances with synchronous sessions {summary['ratio_ha_sync_to_write_at_W128']}"
+    )
     print(
         f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
         f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s"
@@ -104,7 +123,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.json,
         {
             "machine": _machine(),
-            "runs": [*rows, curve_row],
+            "runs": [*rows, curve_row, *profiles],
             "summary": summary,
             "at": time.strftime("%FT%TZ", time.gmtime()),
         },

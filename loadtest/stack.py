@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.client import Client, CurveKeys
-from service.devstack import Tarantool, free_port
+from service.devstack import Tarantool, free_port, http_get_json
 from service.security import create_key_pair
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -38,10 +38,12 @@ class ServiceUnderTest:
 
 
 @contextlib.contextmanager
-def stack(service_env: dict[str, str] | None = None) -> Iterator[tuple[Tarantool, ServiceUnderTest]]:
+def stack(
+    service_env: dict[str, str] | None = None, tarantool_env: dict[str, str] | None = None
+) -> Iterator[tuple[Tarantool, ServiceUnderTest]]:
     """Tarantool master + `python -m service` on free ports; everything stopped by PID afterwards."""
     base = Path(tempfile.mkdtemp(prefix="smartcache-bench-"))
-    master = Tarantool.create("bench-master", base, extra_env={"SC_LOG_LEVEL": "4"})
+    master = Tarantool.create("bench-master", base, extra_env={"SC_LOG_LEVEL": "4", **(tarantool_env or {})})
     master.start()
     try:
         master.wait_ready()
@@ -74,6 +76,50 @@ def service(
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(30)
+
+
+@contextlib.contextmanager
+def ha_stack(ttl_s: int = 5) -> Iterator[tuple[list[Tarantool], ServiceUnderTest]]:
+    """etcd + three Tarantool instances in HA mode (synchronous sessions) + the service given all three."""
+    from devtools.etcd import Etcd  # noqa: PLC0415 - dev tooling, needed by this benchmark only
+
+    base = Path(tempfile.mkdtemp(prefix="smartcache-bench-ha-"))
+    etcd = Etcd.create(base)
+    etcd.start()
+    nodes: list[Tarantool] = []
+    try:
+        etcd.wait_ready()
+        env = {
+            "SC_LOG_LEVEL": "4",
+            "SC_ETCD": etcd.url,
+            "SC_CLUSTER": "bench",
+            "SC_CLUSTER_SIZE": "3",
+            "SC_LEADER_TTL_S": str(ttl_s),
+        }
+        nodes = [Tarantool.create(f"bench-ha{i}", base, extra_env=env) for i in (1, 2, 3)]
+        for n in nodes:
+            n.start()
+        _wait_leader(nodes)
+        addresses = {"SMARTCACHE_TARANTOOL": ",".join(n.address for n in nodes)}
+        with service(nodes[0], base / "service.log", addresses) as sut:
+            yield nodes, sut
+    finally:
+        for n in nodes:
+            n.stop()
+        etcd.stop()
+        etcd.cleanup()
+
+
+def _wait_leader(nodes: list[Tarantool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for n in nodes:
+            with contextlib.suppress(OSError, ValueError):
+                status, doc = http_get_json(n.http_url + "/health", timeout_s=1.0)
+                if status == 200 and doc.get("role") == "leader":
+                    return
+        time.sleep(0.1)
+    raise TimeoutError("no leader elected")
 
 
 def curve_keys(directory: Path) -> tuple[dict[str, str], CurveKeys]:
