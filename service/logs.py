@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import TextIO
 
 import structlog
@@ -49,3 +50,52 @@ def configure(
         logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=cache,
     )
+    _route_stdlib(renderer, out, LEVELS[level])
+
+
+#: libraries that log through the standard library (asynctnt: connects, disconnects)
+STDLIB_LOGGERS = ("asynctnt", "aiohttp")
+#: one line per message template and logger in this long; the next says how many were dropped
+STDLIB_EVERY_S = 10.0
+
+
+class _RateLimit(logging.Filter):
+    """Keeps a library's repeated message (say, a reconnect every 0.5 s) to one line per STDLIB_EVERY_S."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[tuple[str, object], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg)
+        now = time.monotonic()
+        last, dropped = self._last.get(key, (-STDLIB_EVERY_S, 0))
+        if now - last < STDLIB_EVERY_S:
+            self._last[key] = (last, dropped + 1)
+            return False
+        self._last[key] = (now, 0)
+        if dropped:
+            record.suppressed = dropped
+        return True
+
+
+def _route_stdlib(renderer: list[Processor], out: TextIO, level: int) -> None:
+    """Libraries' standard-library logs come out as our lines too: same keys, same renderer, rate-limited."""
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
+            foreign_pre_chain=[
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.stdlib.ExtraAdder(),
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+        )
+    )
+    handler.addFilter(_RateLimit())
+    for name in STDLIB_LOGGERS:
+        lib = logging.getLogger(name)
+        lib.handlers = [handler]
+        lib.setLevel(max(level, logging.INFO))
+        lib.propagate = False

@@ -72,3 +72,21 @@ def test_a_pipe_or_file_gets_json() -> None:
     logs.configure("debug", out, cache=False)
     structlog.get_logger().debug("request", type="PING")
     assert json.loads(out.getvalue())["type"] == "PING"
+
+
+def test_library_logs_come_out_as_our_json_lines_rate_limited() -> None:
+    """asynctnt logs through the standard library: same keys as ours, and a repeated line once per 10 s."""
+    import logging
+
+    out = io.StringIO()
+    logs.configure("info", out, console=False, cache=False)
+    try:
+        for _ in range(5):
+            logging.getLogger("asynctnt").warning("Connect to %s failed", "127.0.0.1:3301")
+        logging.getLogger("asynctnt").warning("another message")
+    finally:
+        structlog.reset_defaults()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["event"] for line in lines] == ["Connect to 127.0.0.1:3301 failed", "another message"]
+    assert {(line["level"], line["logger"]) for line in lines} == {("warning", "asynctnt")}
+    assert all("timestamp" in line for line in lines)
