@@ -5,6 +5,7 @@ python -m loadtest run --scenario overload --rate 15000 --duration 10
 python -m loadtest bench                # what `make bench` runs
 python -m loadtest overload             # 2.5x capacity against a fresh stack
 python -m loadtest prewarm              # the original's claim: products before login
+python -m loadtest coordination         # issue 17's four numbers: counters, lock hand-over, ids, kill -9
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest import direct, runner
+from loadtest import coordination, direct, runner
 from loadtest.backend import Backend
 from loadtest.generator import Job
 from loadtest.prewarm import run as run_prewarm
@@ -167,6 +168,21 @@ def cmd_overload(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_coordination(a: argparse.Namespace) -> int:
+    doc = coordination.run(
+        duration_s=a.duration,
+        inflight=a.inflight,
+        rounds=a.rounds,
+        ids_total=a.ids,
+        clients=a.clients,
+        lease_ms=a.lease_ms,
+        kills=a.kills,
+        wal_mode=a.wal_mode,
+    )
+    _save(a.json, {"machine": _machine(), **doc, "at": time.strftime("%FT%TZ", time.gmtime())})
+    return 0
+
+
 def cmd_prewarm(a: argparse.Namespace) -> int:
     doc = run_prewarm(logins=a.logins, latency_ms=a.latency_ms, reads_per_type=a.reads)
     _save(a.json, doc)
@@ -190,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="one load run against a running service")
     r.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
-    r.add_argument("--scenario", default="session", choices=["session", "cache", "mixed", "overload", "slow-backend"])
+    r.add_argument(
+        "--scenario", default="session", choices=["session", "cache", "mixed", "overload", "slow-backend", "counter"]
+    )
     r.add_argument("--inflight", type=int, default=16, help="closed loop: requests in flight in all")
     r.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second in all")
     r.add_argument("--procs", type=int, default=2)
@@ -214,9 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--latency-ms", type=float, default=200.0)
     w.add_argument("--reads", type=int, default=4, help="product reads per data type per session")
     w.add_argument("--json", default="var/prewarm.json")
+    c = sub.add_parser("coordination", help="issue 17: COUNTER_ADD vs sessions, lock hand-over, ids, kill -9")
+    c.add_argument("--duration", type=float, default=10.0, help="seconds per throughput row")
+    c.add_argument("--inflight", type=int, default=128, help="requests in flight, throughput rows")
+    c.add_argument("--rounds", type=int, default=2000, help="lock hand-overs measured")
+    c.add_argument("--ids", type=int, default=10_000_000, help="ids drawn in all by 2 x --clients clients")
+    c.add_argument("--clients", type=int, default=16, help="id clients per service instance")
+    c.add_argument("--lease-ms", type=int, default=1000, help="lease of the holder killed with kill -9")
+    c.add_argument("--kills", type=int, default=5, help="holders killed")
+    c.add_argument("--wal-mode", default="write", choices=["write", "fsync"], help="Tarantool's SC_WAL_MODE")
+    c.add_argument("--json", default="var/coordination.json")
     a = p.parse_args(argv)
     Path("var").mkdir(exist_ok=True)
-    return {"run": cmd_run, "bench": cmd_bench, "overload": cmd_overload, "prewarm": cmd_prewarm}[a.cmd](a)
+    commands = {"run": cmd_run, "bench": cmd_bench, "overload": cmd_overload, "prewarm": cmd_prewarm}
+    return {**commands, "coordination": cmd_coordination}[a.cmd](a)
 
 
 if __name__ == "__main__":

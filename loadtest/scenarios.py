@@ -131,12 +131,24 @@ class ProductsScenario(Scenario):
         self._n = 0
 
 
+class CounterScenario(Scenario):
+    """Rate-limit counters (issue 17): COUNTER_ADD of 1 to one of 10,000 windowed counters, every request a write."""
+
+    def first(self, slot: int) -> Request:
+        body = {"name": f"otp:c{self.rng.randrange(10_000)}", "delta": 1, "max": 1 << 40, "ttl_ms": 300_000}
+        return ("COUNTER_ADD", body, NO_SESSION)
+
+    def next(self, slot: int, status: str, session: bytes) -> Request:
+        return self.first(slot)
+
+
 SCENARIOS: dict[str, type[Scenario]] = {
     "session": SessionScenario,
     "cache": CacheScenario,
     "mixed": MixedScenario,
     "overload": SessionScenario,  # same requests, driven open-loop at 2-3x capacity
     "slow-backend": ProductsScenario,
+    "counter": CounterScenario,
 }
 
 
