@@ -34,9 +34,12 @@ local name = util.env_string('SC_INSTANCE_NAME', 'smartcache')
 local data_dir = fio.abspath(util.env_string('SC_DATA_DIR', fio.pathjoin('var', name)))
 local listen = util.env_string('SC_LISTEN', '127.0.0.1:3301')
 local replication_user = 'replicator'
-local replication_password = util.env_string('SC_REPLICATION_PASSWORD', 'replicator')
+local replication_password = util.env_secret('SC_REPLICATION_PASSWORD', 'replicator')
 local service_user = util.env_string('SC_SERVICE_USER', 'smartcache')
-local service_password = util.env_string('SC_SERVICE_PASSWORD', 'smartcache')
+local service_password = util.env_secret('SC_SERVICE_PASSWORD', 'smartcache')
+local operator_user = util.env_string('SC_OPERATOR_USER', 'operator')
+local operator_password = util.env_secret('SC_OPERATOR_PASSWORD', 'operator')
+local http_token = util.env_secret('SC_HTTP_TOKEN', '')
 local http_listen = util.env_string('SC_HTTP_LISTEN', '127.0.0.1:8301')
 local ha = failover.settings_from_env(util)
 
@@ -123,6 +126,8 @@ local function admin_setup()
     api.register(nil)  -- functions and the role; the service user below, without rewriting its password
     ensure_user(service_user, service_password)
     box.schema.user.grant(service_user, api.ROLE, nil, nil, {if_not_exists = true})
+    ensure_user(operator_user, operator_password)
+    box.schema.user.grant(operator_user, api.OPERATOR_ROLE, nil, nil, {if_not_exists = true})
     apply_sync()
 end
 
@@ -281,7 +286,7 @@ end
 
 if http_listen ~= '' then
     local host, port = http_listen:match('^(.*):(%d+)$')
-    require('smartcache.http').start(host, tonumber(port))
+    require('smartcache.http').start(host, tonumber(port), http_token)
 end
 
 log.info('smartcache storage %s ready (%s, read_only=%s, schema=%d, wal_mode=%s, sync=%s)', name,

@@ -43,8 +43,9 @@ def _cluster_parser(sub: Any) -> None:
         "cluster",
         help="the storage cluster: status, switchover, rejoin (talks to Tarantool, not the service)",
         description="Ask every Tarantool instance its role (sc.role), or ask for a planned hand-over or a "
-        "rebuild. Roles are decided by etcd; this only asks. Credentials: $SMARTCACHE_TARANTOOL_USER and "
-        "$SMARTCACHE_TARANTOOL_PASSWORD, as the service uses them.",
+        "rebuild. Roles are decided by etcd; this only asks. Credentials: Tarantool's operator user, "
+        "$SMARTCACHE_OPERATOR_USER (default operator) and $SMARTCACHE_OPERATOR_PASSWORD or _FILE (development "
+        "default operator; Tarantool's SC_OPERATOR_PASSWORD).",
     )
     cl.add_argument(
         "--tarantool",
@@ -77,8 +78,8 @@ def _cluster_parser(sub: Any) -> None:
 def _cluster(a: argparse.Namespace, emit: Emit) -> int:
     access = cluster.Access(
         addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
-        user=os.environ.get("SMARTCACHE_TARANTOOL_USER") or "smartcache",
-        password=os.environ.get("SMARTCACHE_TARANTOOL_PASSWORD") or "smartcache",
+        user=os.environ.get("SMARTCACHE_OPERATOR_USER") or "operator",
+        password=_secret("SMARTCACHE_OPERATOR_PASSWORD", "operator"),
     )
     try:
         if a.operation == "status":
@@ -94,6 +95,14 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
         return EXIT_BAD
     emit(doc)
     return EXIT_OK if doc.get("status") == "OK" else EXIT_STATUS
+
+
+def _secret(name: str, default: str) -> str:
+    """NAME, or the content of the file NAME_FILE names (Docker secrets)."""
+    path = os.environ.get(name + "_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(name) or default
 
 
 def _keys_parser(sub: Any) -> None:

@@ -32,6 +32,11 @@ local util = require('smartcache.util')
 local M = {}
 
 M.ROLE = 'smartcache_api'
+-- Operators (smartcache-cli cluster): the cluster's actions, which the service never needs.
+M.OPERATOR_ROLE = 'smartcache_operator'
+-- Procedures only operators may call; and those both roles may call.
+M.OPERATOR_ONLY = {['sc.switchover'] = true, ['sc.rejoin'] = true}
+M.OPERATOR_TOO = {['sc.role'] = true, ['sc.stats'] = true, ['sc.ping'] = true}
 
 local function ping()
     return util.result('OK', {time_ms = util.now_ms(), read_only = box.info.ro})
@@ -194,6 +199,7 @@ table.sort(M.names)
 -- Create functions and the role; grant the role to the service user. Writable instance only.
 function M.register(service_user, service_password)
     box.schema.role.create(M.ROLE, {if_not_exists = true})
+    box.schema.role.create(M.OPERATOR_ROLE, {if_not_exists = true})
     for _, name in ipairs(M.names) do
         -- setuid: a procedure runs with its owner's (admin's) rights, so the
         -- service user needs execute on it and no rights on any space.
@@ -202,7 +208,14 @@ function M.register(service_user, service_password)
             box.schema.func.drop(name)
         end
         box.schema.func.create(name, {setuid = true, if_not_exists = true})
-        box.schema.role.grant(M.ROLE, 'execute', 'function', name, {if_not_exists = true})
+        if M.OPERATOR_ONLY[name] then
+            box.schema.role.revoke(M.ROLE, 'execute', 'function', name, {if_exists = true})
+        else
+            box.schema.role.grant(M.ROLE, 'execute', 'function', name, {if_not_exists = true})
+        end
+        if M.OPERATOR_ONLY[name] or M.OPERATOR_TOO[name] then
+            box.schema.role.grant(M.OPERATOR_ROLE, 'execute', 'function', name, {if_not_exists = true})
+        end
     end
     -- Procedures created before that no longer exist go (least privilege).
     local stale = {}

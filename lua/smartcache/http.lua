@@ -24,8 +24,9 @@ local active = 0
 local F = schema.F.sessions
 
 local function respond(s, code, content_type, body)
-    local reason = ({[200] = 'OK', [404] = 'Not Found', [405] = 'Method Not Allowed', [400] = 'Bad Request',
-                     [503] = 'Service Unavailable', [500] = 'Internal Server Error'})[code] or 'OK'
+    local reason = ({[200] = 'OK', [400] = 'Bad Request', [401] = 'Unauthorized', [404] = 'Not Found',
+                     [405] = 'Method Not Allowed', [503] = 'Service Unavailable',
+                     [500] = 'Internal Server Error'})[code] or 'OK'
     s:write(string.format('HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s',
         code, reason, content_type, #body, body))
 end
@@ -86,16 +87,34 @@ local function metrics()
     metric(out, 'smartcache_tarantool_read_only', 'gauge', '1 when this instance is read-only.',
         {{'', box.info.ro and 1 or 0}})
     metric(out, 'smartcache_tarantool_schema_version', 'gauge', 'Schema version.', {{'', schema.current_version()}})
-    local lag, up = {}, {}
+    -- Upstream (we replicate from the peer) and downstream (the peer replicates from us) apart:
+    -- a leader has no upstream, and must not report its followers as broken upstreams.
+    local lag, up, down = {}, {}, {}
     for _, r in ipairs(stats.replication()) do
         local label = string.format('{peer_id="%d"}', r.id)
-        if r.upstream_lag_s ~= nil then
-            table.insert(lag, {label, r.upstream_lag_s})
+        if r.upstream_status ~= nil then
+            table.insert(up, {label, r.upstream_status == 'follow' and 1 or 0})
+            if r.upstream_lag_s ~= nil then
+                table.insert(lag, {label, r.upstream_lag_s})
+            end
         end
-        table.insert(up, {label, r.upstream_status == 'follow' and 1 or 0})
+        if r.downstream_status ~= nil then
+            table.insert(down, {label, r.downstream_status == 'follow' and 1 or 0})
+        end
     end
-    metric(out, 'smartcache_tarantool_replication_lag_seconds', 'gauge', 'Upstream replication lag.', lag)
-    metric(out, 'smartcache_tarantool_replication_upstream_up', 'gauge', '1 when the upstream is following.', up)
+    metric(out, 'smartcache_tarantool_replication_lag_seconds', 'gauge', 'Lag behind an upstream we replicate from.',
+        lag)
+    metric(out, 'smartcache_tarantool_replication_upstream_up', 'gauge',
+        '1 when replication from this upstream peer follows (only peers we replicate from).', up)
+    metric(out, 'smartcache_tarantool_replication_downstream_up', 'gauge',
+        '1 when this downstream peer follows us (only peers that replicate from us).', down)
+    local memtx = require('smartcache.storage').memtx()
+    metric(out, 'smartcache_tarantool_memtx_quota_used_bytes', 'gauge', 'memtx arena in use (box.slab.info).',
+        {{'', memtx.arena_used_bytes}})
+    metric(out, 'smartcache_tarantool_memtx_quota_size_bytes', 'gauge', 'memtx memory quota (SC_MEMTX_MEMORY).',
+        {{'', memtx.quota_bytes}})
+    metric(out, 'smartcache_tarantool_memtx_items_used_bytes', 'gauge', 'Bytes of tuples stored.',
+        {{'', memtx.items_used_bytes}})
     local h = require('smartcache.storage').health()
     metric(out, 'smartcache_tarantool_healthy', 'gauge', '1 when /health answers 200.', {{'', h.healthy and 1 or 0}})
     metric(out, 'smartcache_tarantool_memtx_used_ratio', 'gauge', 'memtx arena in use / memtx_memory.',
@@ -160,6 +179,18 @@ local function route(path)
     return 404, 'application/json', json.encode({error = 'NOT_FOUND', message = 'no such route'})
 end
 
+-- Routes that serve customer data need the token (when one is set); /health and /metrics do not.
+local OPEN = {['/health'] = true, ['/metrics'] = true}
+local token = nil
+
+local function authorized(request, path)
+    if token == nil or OPEN[path] then
+        return true
+    end
+    local given = request:match('\r\n[Aa]uthorization: *Bearer +([^\r]+)\r\n')
+    return given ~= nil and digest.sha256(given) == digest.sha256(token)
+end
+
 local function serve(s)
     local request = s:read({delimiter = '\r\n\r\n', chunk = MAX_REQUEST_BYTES}, READ_TIMEOUT_S)
     if request == nil or request == '' then
@@ -170,6 +201,8 @@ local function serve(s)
         respond(s, 400, 'text/plain', 'bad request\n')
     elseif method ~= 'GET' then
         respond(s, 405, 'text/plain', 'read-only endpoint: GET only\n')
+    elseif not authorized(request, (path:gsub('%?.*$', ''))) then
+        respond(s, 401, 'text/plain', 'a bearer token is required (SC_HTTP_TOKEN)\n')
     else
         local ok, code, ctype, body = pcall(route, (path:gsub('%?.*$', '')))
         if ok then
@@ -194,8 +227,21 @@ local function handle(s)
     end
 end
 
+local function is_local(host)
+    return host == 'localhost' or host == '::1' or host:match('^127%.') ~= nil
+end
+
 -- Start serving on host:port; returns the server socket (port 0 picks a free one).
-function M.start(host, port)
+-- bearer: the token the data routes require; mandatory when host is not local.
+function M.start(host, port, bearer)
+    if bearer == '' then
+        bearer = nil
+    end
+    if bearer == nil and not is_local(host) then
+        error(string.format('operator http on %s:%s serves session data: set SC_HTTP_TOKEN (or SC_HTTP_TOKEN_FILE)'
+            .. ' to listen beyond localhost', host, port))
+    end
+    token = bearer
     local server, err = socket.tcp_server(host, port, {handler = handle, name = 'operator_http'})
     if server == nil then
         error(string.format('operator http on %s:%s: %s', host, port, err))

@@ -64,6 +64,24 @@ function M.env_number(name, default)
     return n
 end
 
+-- A secret: NAME, or the content of the file named by NAME_FILE (Docker secrets); never both.
+function M.env_secret(name, default)
+    local path, value = os.getenv(name .. '_FILE'), os.getenv(name)
+    if path ~= nil and path ~= '' then
+        if value ~= nil and value ~= '' then
+            error(string.format('%s and %s_FILE are both set: set one', name, name))
+        end
+        local f, err = io.open(path, 'r')
+        if f == nil then
+            error(string.format('%s_FILE=%s: %s', name, path, tostring(err)))
+        end
+        local text = f:read('*a'):gsub('%s+$', '')
+        f:close()
+        return text
+    end
+    return M.env_string(name, default)
+end
+
 function M.env_string(name, default)
     local v = os.getenv(name)
     if v == nil or v == '' then

@@ -116,6 +116,28 @@ class HACluster:
             with contextlib.suppress(Exception):
                 conn.close()
 
+    def operator_call(self, name: str, proc: str, *args: object) -> dict[str, Any] | None:
+        """sc.<proc>(meta=None, *args) as the operator user: switchover and rejoin are the operator's only."""
+        node = self.nodes[name]
+        try:
+            conn = tarantool.Connection(
+                "127.0.0.1",
+                node.port,
+                user="operator",
+                password="operator",
+                socket_timeout=65,
+                reconnect_max_attempts=0,
+                connect_now=True,
+            )
+        except (tarantool.error.Error, OSError, tarantool.error.NetworkWarning):
+            return None
+        try:
+            return conn.call(f"sc.{proc}", [None, *args]).data[0]  # type: ignore[no-any-return]
+        except (tarantool.error.Error, OSError, tarantool.error.NetworkWarning):
+            return None
+        finally:
+            conn.close()
+
     def call(self, name: str, proc: str, *args: object) -> dict[str, Any] | None:
         """sc.<proc>(meta=None, *args) on one instance; None when it cannot answer."""
         try:

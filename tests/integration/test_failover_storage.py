@@ -149,7 +149,7 @@ def test_planned_switchover_hands_over_within_a_second_and_loses_nothing(ha: HAC
     candidate_uuid = ha.role(candidate)["instance_uuid"]  # type: ignore[index]
     with WritableSampler(ha) as sampler, Writer(ha) as writer:
         eventually(lambda: len(writer.acked) > 200, what="writes flowing")
-        result = ha.call(old, "switchover", candidate_uuid, 5000)
+        result = ha.operator_call(old, "switchover", candidate_uuid, 5000)
         assert result is not None
         assert result["status"] == "OK", result
         assert result["candidate_uuid"] == candidate_uuid
@@ -167,9 +167,9 @@ def test_planned_switchover_hands_over_within_a_second_and_loses_nothing(ha: HAC
 def test_switchover_is_refused_by_a_follower_and_for_an_unknown_member(ha: HACluster) -> None:
     leader = ha.leader()
     follower = next(n for n in ha.nodes if n != leader)
-    assert ha.call(follower, "switchover", None, 1000)["status"] == "NOT_LEADER"  # type: ignore[index]
-    assert ha.call(leader, "switchover", "no-such-uuid", 1000)["status"] == "NOT_FOUND"  # type: ignore[index]
-    assert ha.call(leader, "switchover", None, 0)["status"] == "BAD_REQUEST"  # type: ignore[index]
+    assert ha.operator_call(follower, "switchover", None, 1000)["status"] == "NOT_LEADER"  # type: ignore[index]
+    assert ha.operator_call(leader, "switchover", "no-such-uuid", 1000)["status"] == "NOT_FOUND"  # type: ignore[index]
+    assert ha.operator_call(leader, "switchover", None, 0)["status"] == "BAD_REQUEST"  # type: ignore[index]
     assert ha.leader() == leader
 
 
@@ -232,10 +232,10 @@ def test_an_old_leader_with_rows_nobody_has_is_diverged_until_rebuilt_by_rejoin(
     assert refused["status"] == "NOT_LEADER"
     # Not rejoined silently: the leader's followers are the two others only.
     assert ha.role(new)["replication"]  # type: ignore[index]
-    assert ha.call(old, "rejoin", "not-this-one")["status"] == "BAD_REQUEST"  # type: ignore[index]
+    assert ha.operator_call(old, "rejoin", "not-this-one")["status"] == "BAD_REQUEST"  # type: ignore[index]
 
     # Rebuild: the instance leaves a marker, exits 75; its supervisor (here: us) starts it again.
-    answer = ha.call(old, "rejoin", old_uuid)
+    answer = ha.operator_call(old, "rejoin", old_uuid)
     assert answer is not None
     assert (answer["status"], answer["exit_code"]) == ("OK", 75)
     node = ha.nodes[old]
@@ -286,7 +286,7 @@ def test_a_leader_whose_disk_fills_up_steps_down_and_a_healthy_follower_takes_ov
         leader = ha.leader()
         if leader != "ha1":
             target = ha.role("ha1")["instance_uuid"]  # type: ignore[index]
-            assert ha.call(leader, "switchover", target, 5000)["status"] == "OK"  # type: ignore[index]
+            assert ha.operator_call(leader, "switchover", target, 5000)["status"] == "OK"  # type: ignore[index]
         assert ha.leader() == "ha1"
         with WritableSampler(ha) as sampler, Writer(ha) as writer:
             eventually(lambda: len(writer.acked) > 100, what="writes flowing")

@@ -115,3 +115,49 @@ def test_the_service_sends_writes_to_the_writable_instance_and_reads_on_when_it_
         got = c.session_get(sid)
         assert got.ok
         assert got.body["data"] == {"v": 1}
+
+
+def test_metrics_report_upstreams_and_downstreams_apart_and_memtx(storage_pair: tuple[Tarantool, Tarantool]) -> None:
+    """A master has no upstream: its follower is a downstream, never a broken upstream (a false alarm)."""
+    master, replica = storage_pair
+    m = httpx.get(f"{master.http_url}/metrics", timeout=5).text
+    r = httpx.get(f"{replica.http_url}/metrics", timeout=5).text
+    assert "smartcache_tarantool_replication_upstream_up{" not in m
+    assert 'smartcache_tarantool_replication_downstream_up{peer_id="2"} 1' in m
+    assert 'smartcache_tarantool_replication_upstream_up{peer_id="1"} 1' in r
+    for name in ("memtx_quota_used_bytes", "memtx_quota_size_bytes", "memtx_items_used_bytes", "memtx_used_ratio"):
+        assert f"smartcache_tarantool_{name} " in m, name
+
+
+def test_switchover_and_rejoin_are_the_operators_not_the_services(storage_pair: tuple[Tarantool, Tarantool]) -> None:
+    master, _ = storage_pair
+    with connect(master) as svc, pytest.raises(tarantool.DatabaseError, match="denied"):
+        call(svc, "switchover", None, 1000)
+    with connect(master, user="operator", password="operator") as op:
+        assert call(op, "switchover", None, 1000)["status"] == "BAD_REQUEST"  # allowed; standalone has no failover
+        assert call(op, "role")["role"] == "standalone"
+        with pytest.raises(tarantool.DatabaseError, match="denied"):
+            call(op, "session_get", str(uuid.uuid4()))  # and no customer data for operators
+
+
+def test_operator_http_needs_its_token_for_customer_data_and_refuses_a_public_address_without_one(
+    tmp_path,
+) -> None:
+    token_file = tmp_path / "http.token"
+    token_file.write_text("op3rator-t0ken\n")
+    t = Tarantool.create("tok", tmp_path, extra_env={"SC_HTTP_TOKEN_FILE": str(token_file)})
+    t.start()
+    try:
+        t.wait_ready()
+        sid = str(uuid.uuid4())
+        assert httpx.get(f"{t.http_url}/health", timeout=5).status_code == 200  # probes stay open
+        assert httpx.get(f"{t.http_url}/sessions/{sid}", timeout=5).status_code == 401
+        auth = {"Authorization": "Bearer op3rator-t0ken"}
+        assert httpx.get(f"{t.http_url}/sessions/{sid}", headers=auth, timeout=5).status_code == 404
+    finally:
+        t.stop()
+    public = Tarantool.create("pub", tmp_path, extra_env={"SC_HTTP_LISTEN": "0.0.0.0:0"})
+    public.start()
+    assert public.proc is not None
+    assert public.proc.wait(30) != 0  # never listens: it stops before
+    assert "SC_HTTP_TOKEN" in public.log_path.read_text()
