@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from service.client import Client
+from service.client import AsyncClient, Client
 from service.devstack import Tarantool
 from service.errors import LeaseLost, NotAcquired
 from tests.conftest import Running, running_service, service_settings
@@ -185,6 +186,28 @@ def test_waiters_gauge_and_operations_and_lost_leases_are_counted(svc: Running) 
     assert metric(svc.metrics_url, "smartcache_coordination_operations_total", ops) >= 2
 
 
+def test_asyncio_client_lock_excludes_and_renews_and_its_ids_are_unique(svc: Running) -> None:
+    n = name("alock")
+
+    async def main() -> tuple[list[int], bool, str]:
+        c = AsyncClient(svc.endpoint)
+        try:
+            async with c.lock(n, lease_ms=300) as lock:
+                await asyncio.sleep(1.0)  # the point: three leases long; the renewal task keeps it
+                other = await c.semaphore_acquire(n, "other", 60_000)
+                valid = lock.valid
+            ids = c.ids(name("aids"), block=10)
+            got = [await ids.next() for _ in range(100)]
+            return got, valid, other.status
+        finally:
+            c.close()
+
+    got, valid, other = asyncio.run(main())
+    assert (valid, other) == (True, "TIMEOUT")
+    assert got == list(range(1, 101))
+    assert svc.client.semaphore_acquire(n, "other", 60_000).ok, "released at the end of the block"
+
+
 # -- two service instances -----------------------------------------------------------------------
 
 
@@ -235,7 +258,7 @@ def test_a_lock_whose_lease_passed_raises_lease_lost_at_the_end_of_the_block(svc
 
 HOLDER = """
 import sys, time
-from service.client import Client
+from service.client import AsyncClient, Client
 with Client(sys.argv[1]) as c:
     lock = c.lock(sys.argv[2], lease_ms=int(sys.argv[3]))
     lock.acquire()
