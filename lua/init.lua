@@ -59,8 +59,16 @@ if not fio.path.exists(data_dir) then
     assert(fio.mktree(data_dir), 'cannot create ' .. data_dir)
 end
 
+-- JSON logs with the service's keys (lua/relog.sed): one log stack, one schema.
+local log_format = util.env_string('SC_LOG_FORMAT', 'json')
+local log_target = nil
+if log_format == 'json' and util.env_string('SC_LOG_RELOG', 'true') ~= 'false' then
+    log_target = string.format('pipe: sed -u -E -f %s', fio.pathjoin(here, 'relog.sed'))
+end
+
 local cfg = {
     listen = listen,
+    log = log_target,
     memtx_memory = util.env_number('SC_MEMTX_MEMORY', 256 * 1024 * 1024),
     memtx_dir = data_dir,
     wal_dir = data_dir,
@@ -68,7 +76,7 @@ local cfg = {
     wal_mode = wal_mode,
     checkpoint_interval = util.env_number('SC_CHECKPOINT_INTERVAL', 3600),
     checkpoint_count = util.env_number('SC_CHECKPOINT_COUNT', 2),
-    log_format = util.env_string('SC_LOG_FORMAT', 'json'),
+    log_format = log_format,
     log_level = util.env_number('SC_LOG_LEVEL', 5),
     custom_proc_title = name,
     replication_synchro_quorum = ha and ha.quorum

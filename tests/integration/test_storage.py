@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import uuid
 
@@ -161,3 +162,12 @@ def test_operator_http_needs_its_token_for_customer_data_and_refuses_a_public_ad
     assert public.proc is not None
     assert public.proc.wait(30) != 0  # never listens: it stops before
     assert "SC_HTTP_TOKEN" in public.log_path.read_text()
+
+
+def test_tarantool_logs_json_with_the_services_keys_and_starts_without_critical_lines(fresh_master: Tarantool) -> None:
+    lines = [json.loads(li) for li in fresh_master.log_path.read_text().splitlines() if li.startswith("{")]
+    assert len(lines) > 5
+    assert all({"timestamp", "level", "event"} <= line.keys() for line in lines)
+    assert all(line["level"] in ("debug", "info", "warning", "error", "critical") for line in lines)
+    assert not [line["event"] for line in lines if line["level"] == "critical"]
+    assert any(line["event"] == "entering the event loop" for line in lines)
