@@ -9,9 +9,12 @@
 --   with a fencing token; by a holder that holds one already: the same token,
 --   lease renewed (so a repeated acquire is harmless). With no permit free it
 --   waits up to wait_ms inside Tarantool on a fiber.cond, in arrival order:
---   a newcomer never overtakes a waiter (fair FIFO), and a release or an
---   expired lease hands the permit to the first waiter at once (push: the
---   release's delete wakes it, or its timer set to the earliest lease end).
+--   a newcomer never overtakes a waiter (fair FIFO). A release hands the
+--   permit straight to the first waiter in its own transaction (one durable
+--   write per hand-over, not two; in HA mode one quorum round trip), and
+--   wakes it once that commits; a lease that runs out frees a permit without
+--   any write, so the first waiter's timer is set to the earliest lease end
+--   and it takes the permit itself.
 -- * renew(name, holder, lease_ms): the lease now runs lease_ms from now;
 --   NOT_FOUND when it had passed already (the permit is gone).
 -- * release(name, holder): OK, or NOT_FOUND when it was not held (or the
@@ -87,18 +90,53 @@ local function grant(name, permits, holder, lease_ms, may_take)
     end)
 end
 
+-- In a release's transaction: give the freed permit to the first waiter of
+-- name, if it may have it; it learns so when the transaction commits.
+local function hand_over(name, now)
+    local w = M.waiters:head(name)
+    if w == nil or w.handing or w.grant ~= nil or live_holders(name, now) >= w.permits then
+        return
+    end
+    local mine = space():get({name, w.holder})
+    if mine ~= nil and mine[F.lease_until] > now then
+        return  -- it holds one already (a repeated acquire): it renews its own
+    end
+    local token = box.sequence.sc_fence:next()
+    space():replace({name, w.holder, token, w.permits, now, now + w.lease_ms})
+    w.handing = true
+    box.on_commit(function()
+        w.handing, w.grant = nil, {token = token, lease_ms = w.lease_ms}
+        M.waiters:wake(w)
+    end)
+    box.on_rollback(function()
+        w.handing = nil
+        M.waiters:wake(w)
+    end)
+end
+
 local function timeout(name)
     return util.result('TIMEOUT', {holders = live_holders(name, util.now_ms()),
                                    message = 'no permit free within wait_ms'})
 end
 
 -- Wait in line until a permit is ours, the wait ends, or this instance stops leading.
+-- A permit handed over by a release (committed), or nil. Waits for a hand-over being committed.
+local function handed(w)
+    while w.handing do
+        M.waiters:wait(w, coord.WRITABLE_CHECK_S)
+    end
+    if w.grant ~= nil then
+        return util.result('OK', w.grant)
+    end
+    return nil
+end
+
 local function wait_turn(w, name, permits, holder, lease_ms, stop)
     local waiters = M.waiters
     while true do
         local left = stop - fiber.clock()
         if left <= 0 then
-            return timeout(name)
+            return handed(w) or timeout(name)
         end
         local nap = math.min(left, coord.WRITABLE_CHECK_S)
         if waiters:is_head(w) then
@@ -110,14 +148,15 @@ local function wait_turn(w, name, permits, holder, lease_ms, stop)
             end
         end
         waiters:wait(w, nap)
-        if not util.writable() then
+        local got = handed(w)
+        if got == nil and not util.writable() then
             return coord.NOT_LEADER
         end
-        if waiters:is_head(w) then
-            local got = grant(name, permits, holder, lease_ms, true)
-            if got ~= nil then
-                return got
-            end
+        if got == nil and waiters:is_head(w) then
+            got = grant(name, permits, holder, lease_ms, true)
+        end
+        if got ~= nil then
+            return got
         end
     end
 end
@@ -146,6 +185,7 @@ function M.acquire(deadline_ms, key, name, permits, holder, lease_ms, wait_ms)
         return timeout(name)
     end
     local w = waiters:join(name)
+    w.holder, w.permits, w.lease_ms = holder, permits, lease_ms  -- for a release that hands over
     local ok, res = pcall(wait_turn, w, name, permits, holder, lease_ms, stop)
     waiters:leave(w)
     if not ok then
@@ -189,6 +229,7 @@ function M.release(name, holder)
             return util.result('NOT_FOUND')
         end
         space():delete({name, holder})
+        hand_over(name, now)
         if t[F.lease_until] <= now then
             M.expired = M.expired + 1
             return util.result('NOT_FOUND', {message = 'the lease had passed'})

@@ -9,6 +9,7 @@
 --   list:is_head(w)
 --   list:wake_head(key)             -- the first waiter (FIFO hand-over)
 --   list:wake_all(key)              -- everyone (a latch reached zero)
+--   list:head(key), list:wake(w)    -- the first waiter; wake one
 --   list:leave(w)                   -- when done, always; wakes the next head
 local fiber = require('fiber')
 
@@ -75,6 +76,17 @@ end
 function List:is_head(w)
     local l = self.lists[w.key]
     return l ~= nil and l.head == w
+end
+
+-- The first waiter of key, or nil.
+function List:head(key)
+    local l = self.lists[key]
+    return l and l.head
+end
+
+-- Wake one waiter (whatever its place).
+function List.wake(_, w)
+    signal(w)
 end
 
 function List:wake_head(key)

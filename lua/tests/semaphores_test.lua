@@ -11,7 +11,7 @@ local semaphores = require('smartcache.semaphores')
 local LEASE = 60000
 
 local test = tap.test('semaphores')
-test:plan(13)
+test:plan(14)
 
 -- Acquire in a fiber of its own; returns a channel that gets {result, seconds waited}.
 local function acquire_async(name, permits, holder, lease_ms, wait_ms, meta)
@@ -80,6 +80,19 @@ test:test('a waiter is woken by the release at once (push, not polling)', functi
     t:is(got[1].status, 'OK', 'b has it')
     -- Bound: far below the 1 s writable check and the 10 s wait; a push takes well under 1 ms.
     t:ok(fiber.clock() - released < 0.2, 'right after the release')
+end)
+
+test:test('the release hands the permit to the first waiter in its own transaction', function(t)
+    t:plan(4)
+    local a = sc.semaphore_acquire(nil, 'lk-hand', 1, 'a', LEASE, 0)
+    local ch = acquire_async('lk-hand', 1, 'b', 1234, 10000)
+    wait_queued('lk-hand', 1)
+    t:is(sc.semaphore_release(nil, 'lk-hand', 'a').status, 'OK', 'released')
+    local handed = box.space.semaphore_holders:get({'lk-hand', 'b'})
+    t:ok(handed ~= nil, 'b holds it as the release returns: written by the release')
+    local got = ch:get(5)[1]
+    t:is_deeply({got.status, got.token, got.lease_ms}, {'OK', handed[3], 1234}, 'b is told, with its token and lease')
+    t:ok(got.token > a.token, 'a greater token')
 end)
 
 test:test('FIFO: waiters get the lock in arrival order; a newcomer does not overtake', function(t)
