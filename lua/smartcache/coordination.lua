@@ -15,7 +15,7 @@
 -- This module holds what they share (limits, argument checks, the wait
 -- budget of a waiting procedure) and starts their run-time parts.
 local fiber = require('fiber')
-local util = require('smartcache.util')
+local clock = require('clock')
 
 local M = {}
 
@@ -84,15 +84,17 @@ function M.left(deadline, now)
     return math.max(deadline - now, 0)
 end
 
--- The fiber.clock() moment a waiting procedure stops waiting: wait_ms from
--- now, and WAIT_MARGIN_MS before the call's deadline (ms on this instance's
--- clock; nil = none).
+-- The clock.monotonic() moment a waiting procedure stops waiting: wait_ms
+-- from now, and WAIT_MARGIN_MS before the call's deadline (ms on this
+-- instance's clock; nil = none). Uncached clocks: fiber.clock() and
+-- fiber.time() are those of the event loop's turn, which may be old by
+-- whatever ran since.
 function M.wait_end(wait_ms, deadline_ms)
     local budget = wait_ms
     if deadline_ms ~= nil then
-        budget = math.min(budget, deadline_ms - M.WAIT_MARGIN_MS - util.now_ms())
+        budget = math.min(budget, deadline_ms - M.WAIT_MARGIN_MS - clock.time() * 1000)
     end
-    return fiber.clock() + math.max(budget, 0) / 1000
+    return clock.monotonic() + math.max(budget, 0) / 1000
 end
 
 -- A positional argument from msgpack: box.NULL (a nil in the caller's array) is nil.

@@ -12,7 +12,7 @@ local util = require('smartcache.util')
 local config = require('smartcache.config')
 local coord = require('smartcache.coordination')
 local waitlist = require('smartcache.waitlist')
-local fiber = require('fiber')
+local clock = require('clock')
 local F = require('smartcache.schema').F.latches
 
 local M = {}
@@ -79,7 +79,7 @@ local function wait_open(w, name, stop)
         if t[F.count] == 0 then
             return util.result('OK', {count = 0})
         end
-        local left = stop - fiber.clock()
+        local left = stop - clock.monotonic()
         if left <= 0 then
             return util.result('TIMEOUT', {count = t[F.count], message = 'the latch did not reach 0 within wait_ms'})
         end

@@ -25,6 +25,7 @@
 -- ack or release that names it is refused (CONFLICT) once the task was taken
 -- again by someone else, after this taker's time-to-run had passed.
 local fiber = require('fiber')
+local clock = require('clock')
 local log = require('log')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
@@ -112,7 +113,7 @@ end
 local function wait_task(w, name, ttr_ms, key, stop)
     local waiters = M.waiters
     while true do
-        local left = stop - fiber.clock()
+        local left = stop - clock.monotonic()
         if left <= 0 then
             return util.result('TIMEOUT', {message = 'no task ready within wait_ms'})
         end
@@ -157,7 +158,7 @@ function M.take(deadline_ms, key, name, wait_ms, ttr_ms)
         end
     end
     local stop = coord.wait_end(wait_ms, deadline_ms)
-    if fiber.clock() >= stop then
+    if clock.monotonic() >= stop then
         return util.result('TIMEOUT', {message = 'no task ready'})
     end
     local w = waiters:join(name)

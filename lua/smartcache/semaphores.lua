@@ -28,7 +28,7 @@
 -- Fencing: tokens come from one sequence for all names, so they grow per name;
 -- a resource that remembers the highest token it has seen can refuse a
 -- holder whose lease passed while it was paused (Kleppmann's fencing token).
-local fiber = require('fiber')
+local clock = require('clock')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local coord = require('smartcache.coordination')
@@ -134,7 +134,7 @@ end
 local function wait_turn(w, name, permits, holder, lease_ms, stop)
     local waiters = M.waiters
     while true do
-        local left = stop - fiber.clock()
+        local left = stop - clock.monotonic()
         if left <= 0 then
             return handed(w) or timeout(name)
         end
@@ -181,7 +181,7 @@ function M.acquire(deadline_ms, key, name, permits, holder, lease_ms, wait_ms)
         return got
     end
     local stop = coord.wait_end(wait_ms, deadline_ms)
-    if fiber.clock() >= stop then
+    if clock.monotonic() >= stop then
         return timeout(name)
     end
     local w = waiters:join(name)
