@@ -32,6 +32,7 @@ from service.errors import ProtocolError
 from service.metrics import REJECTION_REASONS, Metrics, label
 from service.protocol import (
     FLAG_DATA_ERROR,
+    FLAG_NO_REPLY,
     REGISTRY,
     STATUS,
     TRANSPORT_ERROR,
@@ -51,6 +52,7 @@ from service.zmqio import send_frames
 
 _PING = REGISTRY.types["PING"].id
 _INTERNAL = frozenset(t.id for t in REGISTRY.types.values() if t.internal)
+_NEVER_ANSWERED = frozenset(t.id for t in REGISTRY.types.values() if not t.answered)
 _MAX_LIFETIME_S = REGISTRY.max_lifetime_ms / 1000
 #: encoded error bodies kept for reuse (refusals with a fixed message)
 ERROR_BODIES_KEPT = 256
@@ -131,7 +133,8 @@ class Admission:
         if header.type in _INTERNAL:
             self._bad_input(envelope, header_frame, "UNKNOWN_TYPE", f"type {header.type} is internal")
             return
-        no_reply = frame_no_reply(header_frame)
+        # The NO_REPLY rule (protocol.frame_no_reply) on the header decoded already: no second unpack.
+        no_reply = bool(header.flags & FLAG_NO_REPLY) or header.type in _NEVER_ANSWERED
         if self._keyring is not None and not self._keyring.allows(user_id, header.type):
             name = REGISTRY.types_by_id[header.type].name
             client = self._keyring.name_of(user_id)

@@ -79,7 +79,7 @@ async def session_create(req: Request, ctx: Context) -> dict[str, Any]:
     )
     created = result.pop("session_id", None)
     if created is not None:
-        req.reply_session = uuid.UUID(created).bytes
+        req.reply_session = bytes.fromhex(created.replace("-", ""))  # UUID text -> 16 bytes, without uuid.UUID
     return result
 
 

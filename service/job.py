@@ -23,6 +23,8 @@ class Job:
     body: bytes
     #: loop time (monotonic seconds) at which the message's lifetime ends
     deadline: float
+    #: the same deadline in wall-clock milliseconds (storage gets it on its own clock: plus its offset)
+    deadline_ms: float
     #: stored procedure calls handed to the connection, and those that came back (answer or error)
     sent: int = 0
     returned: int = 0

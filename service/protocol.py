@@ -14,7 +14,7 @@ import importlib.resources
 import os
 import struct
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -413,21 +413,20 @@ def _check_shape(obj: object, max_depth: int, *, timestamps: bool) -> None:
         node, depth = stack.pop()
         if depth > max_depth:
             raise BadBody(f"body nests deeper than {max_depth} levels")
-        values: Iterable[object]
         if isinstance(node, dict):
-            for k in node:
+            for k, v in node.items():
                 if not isinstance(k, str):
                     raise BadBody(f"map keys must be strings, not {type(k).__name__}")
-            values = node.values()
+                if isinstance(v, dict | list):
+                    stack.append((v, depth + 1))
+                elif timestamps and isinstance(v, msgpack.Timestamp):
+                    raise BadBody("msgpack extension type -1 (timestamp) is not allowed")
         elif isinstance(node, list):
-            values = node
-        else:
-            continue
-        for v in values:
-            if isinstance(v, dict | list):
-                stack.append((v, depth + 1))
-            elif timestamps and isinstance(v, msgpack.Timestamp):
-                raise BadBody("msgpack extension type -1 (timestamp) is not allowed")
+            for v in node:
+                if isinstance(v, dict | list):
+                    stack.append((v, depth + 1))
+                elif timestamps and isinstance(v, msgpack.Timestamp):
+                    raise BadBody("msgpack extension type -1 (timestamp) is not allowed")
 
 
 def decode_body(
@@ -447,7 +446,8 @@ def decode_body(
         raise
     except (ValueError, msgpack.UnpackException) as e:  # ExtraData, FormatError, StackError...
         raise BadBody(f"invalid msgpack: {e}") from e
-    _check_shape(obj, max_depth, timestamps=any(mark in frame for mark in _TIMESTAMP_MARKS))
+    timestamps = b"\xff" in frame and any(mark in frame for mark in _TIMESTAMP_MARKS)  # one memchr, usually
+    _check_shape(obj, max_depth, timestamps=timestamps)
     return obj  # type: ignore[no-any-return]  # checked to be a dict above
 
 

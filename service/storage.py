@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import asynctnt
 import structlog
@@ -149,9 +149,9 @@ class Instance:
             await self.conn.disconnect()
         self._connected_gauge.set(0)
 
-    def remote_ms(self, deadline: float) -> int:
-        """A loop-time (monotonic) deadline as the instance's wall-clock milliseconds."""
-        return int((time.time() + deadline - time.monotonic()) * 1000 + self.offset_ms)
+    def remote_ms(self, deadline_ms: float) -> int:
+        """A wall-clock deadline (ms) as the instance's wall-clock milliseconds."""
+        return int(deadline_ms + self.offset_ms)
 
     async def _keep(self) -> None:
         while True:
@@ -328,58 +328,70 @@ class Storage:
         and storage itself refuses a call that arrives after the deadline.
         """
         job = current_job.get()
-        for attempt in range(REROUTES + 1):
-            instance = await self._target(procedure, job)
+        attempt = 0
+        while True:
+            instance = self.leader
+            if instance is None:
+                instance = await self._target(procedure, job)
             try:
-                return await self._call_on(instance, procedure, args, idempotency_key, job)
+                # One await on the connector and no coroutine of our own in between: this is the hot path.
+                meta = self._meta(instance, procedure, job, idempotency_key)
+                started = time.perf_counter()
+                try:
+                    resp = await instance.conn.call("sc." + procedure, [meta, *args])
+                except BaseException as e:
+                    if job is not None:
+                        job.returned += 1
+                    self._failed(instance, procedure, e, started)
+                if job is not None:
+                    job.returned += 1
+                return self._result(instance, procedure, resp.body[0], started)
             except NotLeader:
                 # Not executed, and it no longer leads: send it again, to the leader found next.
                 self._lost(instance)
-                if attempt == REROUTES or (job is not None and job.deadline <= time.monotonic()):
+                attempt += 1
+                if attempt > REROUTES or (job is not None and job.deadline <= time.monotonic()):
                     raise
-        raise AssertionError("unreachable")
 
-    async def _call_on(
-        self, instance: Instance, procedure: str, args: list[Any], key: str | None, job: Job | None
-    ) -> dict[str, Any]:
+    def _meta(
+        self, instance: Instance, procedure: str, job: Job | None, key: str | None
+    ) -> int | dict[str, Any] | None:
+        """What goes first in the call: the deadline alone as a bare number (the common case, cheapest to
+        send), else a map; None without a message (cleanup calls). Counts the call as sent on the job."""
         if not instance.up:  # went away since it was chosen: not sent, try the next leader
             self._observe(procedure, "unavailable", 0.0)
             raise NotLeader(f"{procedure}: storage {instance.address} is {instance.state}")
-        # meta: the deadline alone as a bare number (the common case, cheapest to send), else a map.
         meta: int | dict[str, Any] | None = None
         if job is not None:
-            meta = instance.remote_ms(job.deadline)
+            meta = instance.remote_ms(job.deadline_ms)
             job.sent += 1
         if key is not None:
             meta = {"deadline_ms": meta, "idempotency_key": key}
-        started = time.perf_counter()
-        outcome = "error"
-        try:
-            try:
-                resp = await instance.conn.call("sc." + procedure, [meta, *args])
-            finally:
-                if job is not None:
-                    job.returned += 1
-            result: dict[str, Any] = resp.body[0]
-            outcome = result.get("status", "error")
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except TarantoolDatabaseError as e:
+        return meta
+
+    def _failed(self, instance: Instance, procedure: str, e: BaseException, started: float) -> NoReturn:
+        """The call raised: say what that means for the message (see the module docstring)."""
+        seconds = time.perf_counter() - started
+        if isinstance(e, TarantoolDatabaseError):
             reason = _CANNOT_WRITE.get(e.code)
             if reason is None:
+                self._observe(procedure, "error", seconds)
                 raise ProcedureError(f"{procedure}: {e}") from e
-            outcome = "unavailable"
+            self._observe(procedure, "unavailable", seconds)
             self._write_failed(reason)
             if reason == "read_only":
                 raise NotLeader(f"{procedure}: {instance.address} is read-only") from e
             raise StorageUnavailable(f"{procedure}: storage cannot write ({reason.replace('_', ' ')})") from e
-        except (TimeoutError, TarantoolError, OSError) as e:
-            outcome = "unknown"
+        if isinstance(e, TimeoutError | TarantoolError | OSError):
+            self._observe(procedure, "unknown", seconds)
             self._lost(instance)
             raise OutcomeUnknown(f"{procedure}: connection to {instance.address} lost: {type(e).__name__}") from e
-        finally:
-            self._observe(procedure, outcome, time.perf_counter() - started)
+        self._observe(procedure, "cancelled" if isinstance(e, asyncio.CancelledError) else "error", seconds)
+        raise e
+
+    def _result(self, instance: Instance, procedure: str, result: dict[str, Any], started: float) -> dict[str, Any]:
+        outcome = result.get("status", "error")
+        self._observe(procedure, outcome, time.perf_counter() - started)
         if outcome == "NOT_LEADER":
             self._write_failed("not_leader")
             raise NotLeader(f"{procedure}: {instance.address} may not write now (no leader lease)")
@@ -434,6 +446,7 @@ WRITES = frozenset(
         "queue_put",
         "queue_ack",
         "queue_release",
+        "event_publish",
     }
 )
 #: procedures that wait, then write (api.lua `waits`, but for latch_await, a read): only the leader takes them

@@ -156,12 +156,13 @@ class Worker:
         sock = self._sock
         assert sock is not None
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now, wall_ms = loop.time(), time.time() * 1000
         while readable(sock):
             items = inproc.unpack(sock.recv(NOBLOCK))  # the broker sends one batch frame
             for i in range(0, len(items) - 2, inproc.TO_WORKER):
                 ticket = items[i]
-                job = Job(ticket, items[i + 1], items[i + 2], now + inproc.TICKET.unpack(ticket)[1] / 1000)
+                left_ms = inproc.TICKET.unpack(ticket)[1]
+                job = Job(ticket, items[i + 1], items[i + 2], now + left_ms / 1000, wall_ms + left_ms)
                 task = loop.create_task(self._run_job(job))
                 self._jobs[task] = job
                 task.add_done_callback(self._answer)
