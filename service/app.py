@@ -29,6 +29,7 @@ import zmq
 from service import __version__, logs
 from service.broker import Broker
 from service.config import Settings, unknown_variables
+from service.events import EventPublisher
 from service.handlers import Handler, plain
 from service.metrics import Metrics
 from service.parsers import SettingsError
@@ -74,6 +75,11 @@ class Service:
             local_workers=self.pool.local,
             curve=self.curve,
         )
+        self.events = (
+            EventPublisher(settings=settings, context=self.context, metrics=self.metrics, curve=self.curve)
+            if settings.events_listen
+            else None
+        )
         self.metrics_port = 0
 
     def start(self) -> None:
@@ -88,6 +94,11 @@ class Service:
         self.pool.start()
         if self.curve is not None:
             self.curve.start()  # the ZAP handler answers before the client socket binds
+        if self.events is not None:
+            try:
+                self.events.start()  # the PUB socket (CURVE too when on), then the reader follows the leader
+            except zmq.ZMQError as e:
+                raise StartError(f"SMARTCACHE_EVENTS_LISTEN={s.events_listen}: {e.strerror}") from e
         try:
             self.broker.start()
         except zmq.ZMQError as e:
@@ -101,6 +112,7 @@ class Service:
             worker_threads=s.worker_threads,
             queue_capacity=s.queue_capacity,
             tarantool=s.tarantool[0],
+            events=self.events.endpoint if self.events is not None else None,
         )
 
     def introspect(self) -> dict[str, Any]:
@@ -153,10 +165,13 @@ class Service:
         self.broker.join(self.settings.drain_timeout_s + JOIN_MARGIN_S)
         self.pool.stop()  # 2. workers are idle now; close their storage connections
         self.pool.join(JOIN_MARGIN_S)
+        if self.events is not None:
+            self.events.stop()  # 3. the reader and the PUB socket: independent of the drain, closed before term
+            self.events.join(JOIN_MARGIN_S)
         if self.curve is not None:
             self.curve.stop()  # its ZAP socket lives in our context
-        self.context.term()  # 3. every socket is closed; replies were flushed by the broker's linger
-        self.metrics.close()  # 4. probes and scrapes last: they report the stop until the end
+        self.context.term()  # 4. every socket is closed; replies were flushed by the broker's linger
+        self.metrics.close()  # 5. probes and scrapes last: they report the stop until the end
         log.info("service_stopped")
 
 

@@ -29,7 +29,7 @@ import itertools
 import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,6 +55,7 @@ from service.protocol import (
     encode_header,
     frame_request_id,
 )
+from service.subscriber import Subscription
 
 DEFAULT_TIMEOUT_S = 5.0
 RETRY_BACKOFF_FIRST_S = 0.02
@@ -393,6 +394,20 @@ class Client(_Helpers[Reply], CoordinationObjects):
                     raise
             time.sleep(_backoff_s(attempt))
             attempt += 1
+
+    def subscribe(self, topics: Sequence[str] = (), from_seq: int | None = None, *, publishers: str) -> Subscription:
+        """The event log as an iterator: events whose topic starts with one of ``topics`` (none: all), from
+        sequence ``from_seq`` (None: from now on), each once and in order, gaps recovered by itself
+        (service/subscriber.py). ``publishers``: the services' events endpoints (SMARTCACHE_EVENTS_LISTEN),
+        comma-separated. It catches up through a client of its own (``twin``)."""
+        return Subscription(self.twin(), publishers, topics, from_seq, curve=self._curve, context=self._ctx)
+
+    def event_publish(
+        self, topic: str, payload: Any = None, *, key: str | None = None, idempotency_key: str | None = None
+    ) -> Reply:
+        """Append an application event (topic ``app.<name>``); the reply's ``seq`` is its sequence."""
+        body = {"topic": topic, "key": key, "payload": payload, "idempotency_key": idempotency_key}
+        return self.call("EVENT_PUBLISH", body)
 
     def app_start(self, device_id: str, *, session_id: SessionId | None = None, version: str | None = None) -> None:
         """Tell the service the app started on this device; never answered."""

@@ -44,6 +44,8 @@ from service.protocol import REGISTRY
 
 PREFIX = "SMARTCACHE_"
 DEFAULT_LISTEN = "tcp://127.0.0.1:5555"
+#: the events PUB socket (issue 16); "none" turns the publisher off
+DEFAULT_EVENTS_LISTEN = "tcp://127.0.0.1:5556"
 DEFAULT_TARANTOOL = "127.0.0.1:3301"
 DEFAULT_WORKERS = 100
 DEFAULT_WORKER_THREADS = 0  # 0: workers share the broker's event loop (measured fastest)
@@ -119,6 +121,8 @@ class Settings:
     metrics_token: str = ""
     bad_input_per_peer_per_s: int = DEFAULT_BAD_INPUT_PER_PEER_PER_S
     bad_input_per_s: int = DEFAULT_BAD_INPUT_PER_S
+    #: where the event log is published (ZeroMQ PUB); "" = no publisher
+    events_listen: str = DEFAULT_EVENTS_LISTEN
 
     @property
     def curve(self) -> bool:
@@ -245,9 +249,17 @@ def _build(r: _Env) -> Settings:
         metrics_token=r.secret("METRICS_TOKEN", ""),
         bad_input_per_peer_per_s=r.get("BAD_INPUT_PER_PEER_PER_S", DEFAULT_BAD_INPUT_PER_PEER_PER_S, parse_integer(1)),
         bad_input_per_s=r.get("BAD_INPUT_PER_S", DEFAULT_BAD_INPUT_PER_S, parse_integer(1)),
+        events_listen=r.get("EVENTS_LISTEN", DEFAULT_EVENTS_LISTEN, parse_events_listen),
     )
     _check_security(r, settings)
+    if settings.events_listen == settings.listen and not settings.listen.endswith((":0", ":*")):
+        r.fail(f"{PREFIX}EVENTS_LISTEN={settings.events_listen!r} is {PREFIX}LISTEN too: give the events another")
     return settings
+
+
+def parse_events_listen(raw: str) -> str:
+    """SMARTCACHE_EVENTS_LISTEN: an endpoint to bind like SMARTCACHE_LISTEN, or "none" (no publisher)."""
+    return "" if raw == "none" else zmq_endpoint(raw)
 
 
 def _is_local(host: str) -> bool:

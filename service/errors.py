@@ -16,6 +16,7 @@
     ├── CoordinationError        a coordination helper got an answer it cannot use (client side)
     │   ├── NotAcquired          no permit within the wait
     │   └── LeaseLost            a lease passed before its holder was done
+    ├── CursorTooOld             a subscriber's events were dropped by retention (client side)
     ├── StorageError             Tarantool failed
     │   ├── StorageUnavailable   not executed: no connection, stalled, cannot write
     │   │   └── NotLeader        not executed: the instance may not write now
@@ -141,6 +142,20 @@ class LeaseLost(CoordinationError):
     """The lease passed before the holder released it (renewals failed, or the process stalled): someone
     else may have held the permit meanwhile. Work done under it may have overlapped; resources that check
     the fencing token refuse the old holder."""
+
+
+class CursorTooOld(SmartcacheError):
+    """The events after a subscriber's cursor were dropped with their day partition (retention).
+
+    Raised by a subscription (service/subscriber.py) instead of skipping them silently. What the
+    subscriber holds may be stale: rebuild it from the source of truth, then subscribe again from
+    ``oldest_seq``.
+    """
+
+    def __init__(self, cursor: int, oldest_seq: int) -> None:
+        super().__init__(f"CURSOR_TOO_OLD: events after {cursor} were dropped; the oldest kept is {oldest_seq}")
+        self.cursor = cursor
+        self.oldest_seq = oldest_seq
 
 
 class StorageError(SmartcacheError):

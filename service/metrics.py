@@ -47,6 +47,16 @@ REJECTION_REASONS = ("full", "evicted", "expired", "shutting_down")
 BAD_INPUT_ERRORS = tuple(sorted(REGISTRY.bad_input_errors))
 #: fine below 10 ms, where the service lives; coarse above for outages
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: label values of the events published, by topic: what storage writes by itself, and app for application topics
+EVENT_TOPIC_LABELS = (
+    "session.created",
+    "session.updated",
+    "session.deleted",
+    "session.expired",
+    "device.bound",
+    "products.stored",
+    "app",
+)
 #: a health check: check name -> passing; healthy when every check passes
 Checks = Callable[[], Mapping[str, bool]]
 
@@ -195,6 +205,7 @@ class Metrics:
             ["primitive"],
             registry=r,
         )
+        self._event_metrics(r, p)
         self.backend_calls = Counter(
             f"{p}_backend_calls_total",
             "Core backend HTTP calls, by data type and outcome.",
@@ -226,6 +237,47 @@ class Metrics:
             self.rejections.labels(reason)
         for error in BAD_INPUT_ERRORS:
             self.bad_input.labels(label(error))
+
+    def _event_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """The event log's (issue 16): the publisher (service/events.py) and EVENTS_READ waits."""
+        self.events_published = Counter(
+            f"{p}_events_published_total",
+            "Events of the log published on the events PUB socket (each is written, committed, once), by topic"
+            " (application topics as app).",
+            ["topic"],
+            registry=r,
+        )
+        self.events_head_seq = Gauge(
+            f"{p}_events_head_seq", "Newest event sequence the reader has seen committed.", registry=r
+        )
+        self.events_published_seq = Gauge(
+            f"{p}_events_published_seq", "Newest event sequence published on the PUB socket.", registry=r
+        )
+        self.events_oldest_seq = Gauge(
+            f"{p}_events_oldest_seq", "Oldest event sequence storage still keeps (retention).", registry=r
+        )
+        self.events_partitions = Gauge(f"{p}_events_partitions", "Day partitions of the event log.", registry=r)
+        self.events_reader_lag = Gauge(
+            f"{p}_events_reader_lag_events",
+            "Committed events the reader has not published yet (head minus published, after each read).",
+            registry=r,
+        )
+        self.events_delay = Histogram(
+            f"{p}_events_publish_delay_seconds",
+            "From an event's time in storage (its transaction) to its publication on the PUB socket.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.events_subscribers = Gauge(
+            f"{p}_events_subscribers", "Connections to the events PUB socket now.", registry=r
+        )
+        self.events_readers_waiting = Gauge(
+            f"{p}_events_readers_waiting",
+            "EVENTS_READ messages of this service waiting inside storage for a commit now.",
+            registry=r,
+        )
+        for topic in EVENT_TOPIC_LABELS:
+            self.events_published.labels(topic)
 
     def watch(self, gauge: Gauge, fn: Callable[[], float]) -> None:
         """Compute a gauge on scrape."""

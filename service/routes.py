@@ -7,11 +7,12 @@ and has no handler.
 
 from __future__ import annotations
 
-from service import coordination, handlers, prewarm
+from service import coordination, event_handlers, handlers, prewarm
 from service.handlers import Handler
 
 ALL_HANDLERS: dict[str, Handler] = {
     **handlers.HANDLERS,
     **prewarm.HANDLERS,
     **coordination.HANDLERS,
+    **event_handlers.HANDLERS,
 }

@@ -108,7 +108,13 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tarantool]:
 
 
 def service_settings(storage: Tarantool, **overrides: object) -> Settings:
-    base = Settings(listen="tcp://127.0.0.1:0", tarantool=(storage.address,), metrics_port=0, drain_timeout_s=5.0)
+    base = Settings(
+        listen="tcp://127.0.0.1:0",
+        tarantool=(storage.address,),
+        metrics_port=0,
+        drain_timeout_s=5.0,
+        events_listen="tcp://127.0.0.1:0",  # any free port: services of a test run side by side
+    )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
 
@@ -202,6 +208,7 @@ def service_process(storage: Tarantool, tmp_path: Path, **env: str) -> Iterator[
         "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}",
         "SMARTCACHE_TARANTOOL": storage.address,
         "SMARTCACHE_METRICS_PORT": str(metrics_port),
+        "SMARTCACHE_EVENTS_LISTEN": f"tcp://127.0.0.1:{free_port()}",
         **env,
     }
     with log_path.open("wb") as log:

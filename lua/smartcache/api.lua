@@ -24,6 +24,7 @@ local atomics = require('smartcache.atomics')
 local semaphores = require('smartcache.semaphores')
 local latches = require('smartcache.latches')
 local queues = require('smartcache.queues')
+local events = require('smartcache.events')
 local stats = require('smartcache.stats')
 local idempotency = require('smartcache.idempotency')
 local failover = require('smartcache.failover')
@@ -65,6 +66,7 @@ local writes = {
     queue_put = queues.put,
     queue_ack = queues.ack,
     queue_release = queues.release,
+    event_publish = events.publish,
 }
 
 -- Everything else: reads, waits, and reads that write only opportunistically
@@ -83,6 +85,7 @@ local reads = {
     semaphore_get = semaphores.get,
     latch_get = latches.get,
     queue_stats = queues.stats,
+    events_stats = events.stats,
     -- Failover (smartcache.failover): what the service polls, and the operator's actions.
     role = failover.role,
     switchover = failover.switchover,
@@ -100,6 +103,7 @@ local waits = {
     semaphore_acquire = semaphores.acquire,
     latch_await = latches.await,
     queue_take = queues.take,
+    events_read = events.read,  -- a read that waits for the next commit; NOT_LEADER off the writable instance
 }
 
 -- Only with SC_DEBUG_PROCEDURES=1 (tests): a deliberately slow procedure.

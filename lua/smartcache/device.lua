@@ -1,5 +1,6 @@
 -- Device bindings: which client a mobile device belongs to (set at login).
 local util = require('smartcache.util')
+local events = require('smartcache.events')
 local F = require('smartcache.schema').F.device
 
 local M = {}
@@ -9,8 +10,16 @@ function M.bind(device_id, client_id)
     if err ~= nil then
         return util.bad_request(err)
     end
-    box.space.device:replace({device_id, client_id, util.now_ms()})
-    return util.result('OK')
+    local now = util.now_ms()
+    return util.atomic(function()
+        local old = box.space.device:get(device_id)
+        box.space.device:replace({device_id, client_id, now})
+        if old == nil or old[F.client_id] ~= client_id then  -- a new binding (a repeat changes nothing to report)
+            events.write('device.bound', device_id, {client_id = client_id,
+                                                     previous_client_id = old and old[F.client_id] or nil})
+        end
+        return util.result('OK')
+    end)
 end
 
 function M.lookup(device_id)

@@ -13,6 +13,7 @@
 local fiber = require('fiber')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
+local events = require('smartcache.events')
 local F = require('smartcache.schema').F.prewarm
 
 local M = {}
@@ -71,7 +72,7 @@ function M.acquire(client_id, data_type, owner, lease_ms, max_age_ms, session_id
     end)
 end
 
-local function release(client_id, data_type, owner, ops)
+local function release(client_id, data_type, owner, ops, done)
     local err = check_key(client_id, data_type) or util.check(owner, 'string', 'owner')
     if err ~= nil then
         return util.bad_request(err)
@@ -85,6 +86,9 @@ local function release(client_id, data_type, owner, ops)
         table.insert(ops, {'=', F.owner, ''})
         table.insert(ops, {'=', F.lease_until, 0})
         box.space.prewarm:update({client_id, data_type}, ops)
+        if done ~= nil then
+            done()
+        end
         return util.result('OK')
     end)
 end
@@ -94,7 +98,9 @@ function M.complete(client_id, data_type, owner, data)
     local now = util.now_ms()
     return release(client_id, data_type, owner, {
         {'=', F.data, data}, {'=', F.updated_at, now}, {'=', F.expires_at, now + config.prewarm_retention_ms},
-    })
+    }, function()
+        events.write('products.stored', client_id, {data_type = data_type})
+    end)
 end
 
 -- Give the lease back without data, so the next asker can try.

@@ -6,6 +6,7 @@ local uuid = require('uuid')
 local log = require('log')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
+local events = require('smartcache.events')
 local F = require('smartcache.schema').F.sessions
 
 local M = {}
@@ -45,7 +46,12 @@ function M.create(id, client_id, version, ttl_s, data)
         if live(id, now) ~= nil then
             return util.result('ALREADY_EXISTS')
         end
+        local leftover = box.space.sessions:get(id)  -- expired, not swept yet: it ends here
+        if leftover ~= nil then
+            events.write('session.expired', id, {client_id = leftover[F.client_id]})
+        end
         box.space.sessions:replace({id, client_id, util.opt(version, ''), 1, now, ttl, now + ttl, data})
+        events.write('session.created', id, {client_id = client_id})
         return util.result('OK', {session_id = id, expires_in_ms = ttl, rev = 1})
     end)
 end
@@ -130,17 +136,23 @@ function M.update(id, data, expected_rev, version)
             table.insert(ops, {'=', F.version, version})
         end
         t = box.space.sessions:update(id, ops)
+        events.write('session.updated', id, {client_id = t[F.client_id], rev = t[F.rev]})
         return util.result('OK', {rev = t[F.rev], expires_in_ms = t[F.ttl_ms]})
     end)
 end
 
--- Delete a session tuple and its cache entries; call inside a transaction.
+-- Delete a session tuple and its cache entries, with its event (session.expired
+-- past its deadline, else session.deleted); call inside a transaction.
 local function drop(id)
     local entries = box.space.cache.index.primary:select({id}, {iterator = 'EQ'})
     for _, c in ipairs(entries) do
         box.space.cache:delete({c[1], c[2]})
     end
-    box.space.sessions:delete(id)
+    local t = box.space.sessions:delete(id)
+    if t ~= nil then
+        local topic = t[F.expires_at] <= util.now_ms() and 'session.expired' or 'session.deleted'
+        events.write(topic, id, {client_id = t[F.client_id]})
+    end
     return #entries
 end
 M.drop = drop

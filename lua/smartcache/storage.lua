@@ -80,6 +80,7 @@ function M.start()
     end
     expiry.start()
     require('smartcache.coordination').start()  -- triggers of the coordination spaces, the queue fiber
+    require('smartcache.events').start()  -- event partitions (today's at once when writable), their fiber
     if M.wal_fiber == nil then
         M.wal_fiber = fiber.create(watch_wal)
     end

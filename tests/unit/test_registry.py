@@ -145,4 +145,6 @@ def test_write_types_take_an_idempotency_key_and_only_they() -> None:
         "QUEUE_TAKE",
         "QUEUE_ACK",
         "QUEUE_RELEASE",
+        # Events (PROTOCOL.md section 11): a published event is stored once per key.
+        "EVENT_PUBLISH",
     }

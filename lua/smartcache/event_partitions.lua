@@ -1,0 +1,212 @@
+-- Where the event log lives (smartcache.events): one space per UTC day,
+-- events_YYYYMMDD, created ahead and dropped whole after
+-- SC_EVENTS_RETENTION_DAYS by a fiber on the writable instance only (the
+-- leader: no lock row, unlike the original's partition_update table), and the
+-- two sc_meta rows that go with it:
+--
+--   {'events_seq', last seq, its partition's day}  the gap-free counter, written
+--                                                 in each event's transaction
+--   {'events_floor', seq}                         the highest seq dropped with a
+--                                                 partition: older cursors get
+--                                                 CURSOR_TOO_OLD
+--
+-- Dropping a day is a few _space/_index deletes in one transaction; memtx frees
+-- the tuples in the background (measured: a million events, 0.2 ms, no stall
+-- of the event loop above 0.2 ms), so retention costs no sweep.
+--
+-- Partitions are synchronous exactly when the sessions space is (HA with
+-- SC_SYNC: init.lua sets it at promotion), so an acknowledged event is on a
+-- quorum like the change it reports.
+local fiber = require('fiber')
+local clock = require('clock')
+local log = require('log')
+local util = require('smartcache.util')
+
+local M = {}
+
+M.PREFIX = 'events_'
+M.FORMAT = {
+    {name = 'seq', type = 'unsigned'},         -- gap-free, strictly increasing: the cursor
+    {name = 'time', type = 'unsigned'},        -- ms since the epoch on the leader's clock (information only)
+    {name = 'topic', type = 'string'},         -- session.created ..., or app.<name>
+    {name = 'key', type = 'string'},           -- what the event is about: session, device or client id
+    {name = 'payload', type = 'any', is_nullable = true},
+}
+M.F = {seq = 1, time = 2, topic = 3, key = 4, payload = 5}
+M.META_SEQ = 'events_seq'
+M.META_FLOOR = 'events_floor'
+-- Partitions exist from today to this many days ahead.
+M.AHEAD_DAYS = 1
+M.DAY_MS = 86400 * 1000
+local ERROR_PAUSE_S = 1
+
+M.retention_days = util.env_number('SC_EVENTS_RETENTION_DAYS', 2)
+M.maintenance_interval_s = util.env_number('SC_EVENTS_MAINTENANCE_S', 60)
+-- The clock of partitions (ms since the epoch); tests replace it.
+M.clock = util.now_ms
+-- Called when this instance stops being writable (smartcache.events wakes its readers).
+M.on_demote = nil
+-- Since start, on this instance.
+M.counters = {created = 0, created_in_write = 0, dropped = 0, maintenance_errors = 0}
+M.last_drop = nil
+
+function M.day_of(ms)
+    return os.date('!%Y%m%d', math.floor(ms / 1000))
+end
+
+-- The sorted names of the partitions (day order is name order).
+function M.list()
+    local out = {}
+    for _, t in box.space._space.index.name:pairs({M.PREFIX}, {iterator = 'GE'}) do
+        local name = t[3]
+        if name:sub(1, #M.PREFIX) ~= M.PREFIX then
+            break
+        end
+        if name:match('^events_%d%d%d%d%d%d%d%d$') then
+            table.insert(out, name)
+        end
+    end
+    return out
+end
+
+local function want_sync()
+    local s = box.space.sessions
+    return s ~= nil and s.is_sync == true
+end
+
+-- Create a day's partition (idempotent). DDL may run inside a transaction on
+-- 2.6 as long as it does not yield (an empty space's index does not).
+function M.create(day)
+    local name = M.PREFIX .. day
+    local s = box.schema.space.create(name, {format = M.FORMAT, is_sync = want_sync(), if_not_exists = true})
+    s:create_index('primary', {parts = {'seq'}, if_not_exists = true})
+    return s
+end
+
+-- The last sequence written and its partition's day (0, nil before the first event).
+function M.head()
+    local t = box.space.sc_meta:get(M.META_SEQ)
+    if t == nil then
+        return 0, nil
+    end
+    return t[2], t[3]
+end
+
+function M.floor()
+    local t = box.space.sc_meta:get(M.META_FLOOR)
+    return t and t[2] or 0
+end
+
+-- Drop one partition whole; the floor moves past its last event in the same transaction.
+function M.drop(name)
+    local s = box.space[name]
+    local top = s.index.primary:max()
+    local events = s:len()
+    local started = clock.monotonic()
+    box.atomic(function()
+        if top ~= nil and top[M.F.seq] > M.floor() then
+            box.space.sc_meta:replace({M.META_FLOOR, top[M.F.seq]})
+        end
+        s:drop()
+    end)
+    local ms = (clock.monotonic() - started) * 1000
+    M.counters.dropped = M.counters.dropped + 1
+    M.last_drop = {partition = name, events = events, ms = ms}
+    log.info('events: dropped partition %s (%d events) in %.2f ms', name, events, ms)
+    return ms
+end
+
+-- On 2.6.0 there is no space:alter(): the flag lives in _space (as init.lua's apply_sync does).
+local function set_sync(s, sync)
+    local flags = {}
+    for k, v in pairs(box.space._space:get(s.id)[6] or {}) do
+        flags[k] = v
+    end
+    flags.is_sync = sync
+    box.space._space:update(s.id, {{'=', 6, flags}})
+    log.info('events: partition %s is_sync = %s', s.name, tostring(sync))
+end
+
+-- One round on the writable instance: today's and the next days' partitions,
+-- the sessions space's synchronous flag on each, and those past retention
+-- dropped (never the one holding the newest event: a clock that went back).
+function M.maintain()
+    local now = M.clock()
+    for i = 0, M.AHEAD_DAYS do
+        local day = M.day_of(now + i * M.DAY_MS)
+        if box.space[M.PREFIX .. day] == nil then
+            M.create(day)
+            M.counters.created = M.counters.created + 1
+            log.info('events: created partition %s%s', M.PREFIX, day)
+        end
+    end
+    local sync = want_sync()
+    local _, head_day = M.head()
+    local cutoff = M.day_of(now - M.retention_days * M.DAY_MS)
+    for _, name in ipairs(M.list()) do
+        local day = name:sub(#M.PREFIX + 1)
+        if day < cutoff and (head_day == nil or day < head_day) then
+            M.drop(name)
+        elseif box.space[name].is_sync ~= sync then
+            set_sync(box.space[name], sync)
+        end
+    end
+end
+
+-- Seconds until the next round: just past the next UTC midnight (a new day
+-- begins, one passes retention), at most SC_EVENTS_MAINTENANCE_S.
+local function next_round_s()
+    local to_midnight = (M.DAY_MS - M.clock() % M.DAY_MS) / 1000 + 0.01
+    return math.min(M.maintenance_interval_s, to_midnight)
+end
+
+local function loop()
+    fiber.name('events_maintenance')
+    local was_writable = false
+    while true do
+        local writable = util.writable()
+        if writable then
+            local ok, err = pcall(M.maintain)
+            if ok then
+                fiber.sleep(next_round_s())
+            else
+                M.counters.maintenance_errors = M.counters.maintenance_errors + 1
+                log.error('events maintenance: %s', tostring(err))
+                fiber.sleep(ERROR_PAUSE_S)
+            end
+        else
+            if was_writable and M.on_demote ~= nil then
+                M.on_demote()
+            end
+            fiber.sleep(ERROR_PAUSE_S)  -- a follower looks again soon: a promotion maintains within a second
+        end
+        was_writable = writable
+    end
+end
+
+-- Partitions now on a writable instance (the first writes find today's), then the fiber.
+function M.start()
+    if util.writable() and box.space.sc_meta ~= nil then
+        local ok, err = pcall(M.maintain)
+        if not ok then
+            log.error('events maintenance at start: %s', tostring(err))
+        end
+    end
+    if M.fiber == nil or M.fiber:status() == 'dead' then
+        M.fiber = fiber.create(loop)
+    end
+end
+
+-- Each partition: name, events, first and last sequence, synchronous flag.
+function M.describe()
+    local out = {}
+    for _, name in ipairs(M.list()) do
+        local s = box.space[name]
+        local lo, hi = s.index.primary:min(), s.index.primary:max()
+        table.insert(out, {name = name, events = s:len(), first_seq = lo and lo[M.F.seq] or box.NULL,
+                           last_seq = hi and hi[M.F.seq] or box.NULL, is_sync = s.is_sync == true})
+    end
+    return out
+end
+
+return M

@@ -1,0 +1,301 @@
+-- The event log (issue 16): what front servers need to drop what they hold
+-- locally, at once, without polling, and without the weak points of the
+-- original design (every server's clock must agree, an event sent in a
+-- separate transaction can be lost, pollers load the database).
+--
+--   * Same transaction. write() is called inside the transaction of the change
+--     it reports (sessions, device, prewarm) and adds its event there: the
+--     event exists exactly when the change does. A change that fails writes
+--     no event; an event is never written for a change that did not happen.
+--   * A sequence number, not a clock. Each event gets the next number of one
+--     gap-free counter (sc_meta 'events_seq'), written in the same
+--     transaction; a rolled-back transaction takes its number back with it.
+--     Readers keep the last number they saw: a cursor. No clock agreement, no
+--     lag window, no de-duplication.
+--   * Readers see committed events only. On 2.6 a change waiting for its WAL
+--     write or its synchronous quorum is already visible (no MVCC); a reader
+--     here is bounded by the oldest event of a transaction not yet committed
+--     (on_commit / on_rollback triggers), so it never sees an event that may
+--     still be rolled back, and never skips one that commits later.
+--   * Push, not polling. A reader with nothing to read waits on a fiber.cond
+--     broadcast by the commit of a new event (PostgreSQL's LISTEN/NOTIFY,
+--     inside the database), up to wait_ms.
+--   * Day partitions (smartcache.event_partitions): one space per UTC day,
+--     dropped whole after SC_EVENTS_RETENTION_DAYS. A cursor older than what
+--     is kept gets CURSOR_TOO_OLD with the oldest sequence still there, never
+--     a silent gap.
+--
+-- The partition an event goes to is the newest of today's and the previous
+-- event's (sticky): a leader whose clock is behind its predecessor's never
+-- puts a higher sequence in an older day, so partitions are ordered by
+-- sequence and a read walks them in name order.
+local fiber = require('fiber')
+local msgpack = require('msgpack')
+local util = require('smartcache.util')
+local config = require('smartcache.config')
+local partitions = require('smartcache.event_partitions')
+
+local M = {}
+
+local F = partitions.F
+M.MAX_TOPIC_BYTES = 128
+M.MAX_KEY_BYTES = 256
+M.MAX_PAYLOAD_BYTES = 64 * 1024
+M.MAX_TOPICS = 64
+M.MAX_LIMIT = 1000
+M.DEFAULT_LIMIT = 100
+-- A read looks at no more events than this (a narrow topic filter over a long
+-- log), then answers with what it found and the cursor to go on from.
+M.SCAN_MAX = 10000
+-- Application topics live under this prefix: they can never pass for a change of state.
+M.APP_PREFIX = 'app.'
+M.WAIT_MARGIN_MS = 5
+-- A waiting reader looks at util.writable() at least this often.
+M.WRITABLE_CHECK_S = 1
+
+-- SC_EVENTS=false: changes of state write no events (application events still do).
+M.enabled = util.env_string('SC_EVENTS', 'true') ~= 'false'
+
+-- Broadcast by the commit of each event; readers with nothing to read wait on it.
+M.cond = fiber.cond()
+M.waiters = 0
+-- Events of transactions not yet committed, oldest first: {seq, topic, settled}.
+local pending, pending_lo, pending_hi = {}, 1, 0
+-- Events committed on this instance since start, per topic (app.* as one).
+M.written = {}
+
+local function topic_class(topic)
+    if topic:sub(1, #M.APP_PREFIX) == M.APP_PREFIX then
+        return 'app'
+    end
+    return topic
+end
+
+-- The newest sequence a reader may see: everything up to it has committed.
+local function visible()
+    while pending_lo <= pending_hi and pending[pending_lo].settled do
+        pending[pending_lo] = nil
+        pending_lo = pending_lo + 1
+    end
+    if pending_lo <= pending_hi then
+        return pending[pending_lo].seq - 1
+    end
+    return (partitions.head())
+end
+M.visible = visible
+
+local function track(seq, topic)
+    pending_hi = pending_hi + 1
+    local entry = {seq = seq, topic = topic, settled = false}
+    pending[pending_hi] = entry
+    box.on_commit(function()
+        entry.settled = true
+        local class = topic_class(entry.topic)
+        M.written[class] = (M.written[class] or 0) + 1
+        M.cond:broadcast()
+    end)
+    box.on_rollback(function()
+        entry.settled = true
+    end)
+end
+
+-- Add one event to the transaction open now (the caller's: util.atomic); returns its sequence.
+-- With SC_EVENTS=false changes of state write none (application events still do: publish).
+function M.write(topic, key, payload, always)
+    if not M.enabled and not always then
+        return nil
+    end
+    assert(box.is_in_txn(), 'events.write outside a transaction')
+    local now = partitions.clock()
+    local seq, day = partitions.head()
+    seq = seq + 1
+    local today = partitions.day_of(now)
+    if day == nil or today > day then
+        day = today
+    end
+    local space = box.space[partitions.PREFIX .. day]
+    if space == nil then
+        -- The maintenance fiber creates partitions ahead: this is the first
+        -- write of a new instance, or a clock far ahead.
+        space = partitions.create(day)
+        partitions.counters.created_in_write = partitions.counters.created_in_write + 1
+    end
+    space:insert({seq, now, topic, key or '', payload})
+    box.space.sc_meta:replace({partitions.META_SEQ, seq, day})
+    track(seq, topic)
+    return seq
+end
+
+-- Application events ----------------------------------------------------------
+
+function M.check_topic(topic)
+    if type(topic) ~= 'string' or #topic > M.MAX_TOPIC_BYTES or topic:sub(1, #M.APP_PREFIX) ~= M.APP_PREFIX
+            or #topic == #M.APP_PREFIX or not topic:match('^[%w%._:/%-]+$') then
+        return string.format('topic must be %s<name>, at most %d bytes of letters, digits and . _ : / -',
+            M.APP_PREFIX, M.MAX_TOPIC_BYTES)
+    end
+    return nil
+end
+
+-- EVENT_PUBLISH: OK {seq}. A write procedure: one transaction, repeated once per idempotency key.
+function M.publish(topic, key, payload)
+    key = util.opt(key, '')
+    local err = M.check_topic(topic)
+    if err == nil and (type(key) ~= 'string' or #key > M.MAX_KEY_BYTES) then
+        err = string.format('key must be a string of at most %d bytes', M.MAX_KEY_BYTES)
+    end
+    if err == nil and #msgpack.encode(payload) > M.MAX_PAYLOAD_BYTES then
+        err = string.format('payload must be at most %d bytes of msgpack', M.MAX_PAYLOAD_BYTES)
+    end
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    return util.atomic(function()
+        return util.result('OK', {seq = M.write(topic, key, payload, true)})
+    end)
+end
+
+-- Reading ---------------------------------------------------------------------
+
+-- An empty list goes out as a msgpack array, not a map.
+local ARRAY = {__serialize = 'array'}
+
+local function matches(topic, topics)
+    if topics == nil then
+        return true
+    end
+    for _, prefix in ipairs(topics) do
+        if topic:sub(1, #prefix) == prefix then
+            return true
+        end
+    end
+    return false
+end
+
+-- Events after `after` up to `upto` matching topics, at most `limit`, looking
+-- at no more than SCAN_MAX; returns them and the last sequence looked at.
+local function scan(after, upto, topics, limit)
+    local out, last, looked = setmetatable({}, ARRAY), after, 0
+    for _, name in ipairs(partitions.list()) do
+        local s = box.space[name]
+        local top = s ~= nil and s.index.primary:max() or nil
+        if top ~= nil and top[F.seq] > after then
+            for _, t in s.index.primary:pairs({after}, {iterator = 'GT'}) do
+                local seq = t[F.seq]
+                if seq > upto then
+                    return out, last
+                end
+                last, looked = seq, looked + 1
+                if matches(t[F.topic], topics) then
+                    table.insert(out, {seq = seq, time_ms = t[F.time], topic = t[F.topic], key = t[F.key],
+                                       payload = t[F.payload]})
+                    if #out >= limit then
+                        return out, last
+                    end
+                end
+                if looked >= M.SCAN_MAX then
+                    return out, last
+                end
+            end
+        end
+    end
+    return out, last
+end
+
+local function check_read(after_seq, topics, limit, wait_ms)
+    if after_seq ~= nil and (type(after_seq) ~= 'number' or after_seq ~= math.floor(after_seq) or after_seq < 0) then
+        return 'after_seq must be an integer >= 0'
+    end
+    if topics ~= nil then
+        if type(topics) ~= 'table' or #topics > M.MAX_TOPICS then
+            return string.format('topics must be a list of at most %d topic prefixes', M.MAX_TOPICS)
+        end
+        for _, p in ipairs(topics) do
+            if type(p) ~= 'string' or #p > M.MAX_TOPIC_BYTES then
+                return string.format('each topic prefix must be a string of at most %d bytes', M.MAX_TOPIC_BYTES)
+            end
+        end
+    end
+    if type(limit) ~= 'number' or limit ~= math.floor(limit) or limit < 1 or limit > M.MAX_LIMIT then
+        return string.format('limit must be an integer in 1..%d', M.MAX_LIMIT)
+    end
+    if type(wait_ms) ~= 'number' or wait_ms ~= math.floor(wait_ms) or wait_ms < 0 or wait_ms > config.max_wait_ms then
+        return string.format('wait_ms must be an integer in 0..%d', config.max_wait_ms)
+    end
+    return nil
+end
+
+local NOT_LEADER = {status = 'NOT_LEADER'}
+
+-- EVENTS_READ: OK {events, last_seq, head_seq, oldest_seq} · CURSOR_TOO_OLD {oldest_seq, head_seq} · NOT_LEADER.
+-- Events with seq > after_seq (nil: none, just the head) whose topic starts with
+-- one of `topics` (nil or empty: all), at most `limit`; last_seq is the cursor
+-- to go on from (the last sequence looked at, matching or not). With nothing
+-- to answer it waits up to wait_ms for a commit (a waiting procedure: api.lua
+-- `waits`). Only the writable instance answers: a follower may hold events
+-- of a synchronous transaction that is still to be rolled back.
+function M.read(deadline_ms, _, after_seq, topics, limit, wait_ms)
+    after_seq, topics = util.opt(after_seq, nil), util.opt(topics, nil)
+    limit, wait_ms = util.opt(limit, M.DEFAULT_LIMIT), util.opt(wait_ms, 0)
+    local err = check_read(after_seq, topics, limit, wait_ms)
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    if topics ~= nil and #topics == 0 then
+        topics = nil
+    end
+    local budget = wait_ms
+    if deadline_ms ~= nil then
+        budget = math.min(budget, deadline_ms - M.WAIT_MARGIN_MS - util.now_ms())
+    end
+    local stop = fiber.clock() + math.max(budget, 0) / 1000
+    local cursor = after_seq
+    while true do
+        if not util.writable() then
+            return NOT_LEADER
+        end
+        local upto, dropped = visible(), partitions.floor()
+        if cursor == nil then
+            return util.result('OK', {events = setmetatable({}, ARRAY), last_seq = upto, head_seq = upto,
+                                      oldest_seq = dropped + 1})
+        end
+        if cursor < dropped then
+            return util.result('CURSOR_TOO_OLD', {oldest_seq = dropped + 1, head_seq = upto,
+                message = string.format('events up to %d were dropped with their partitions', dropped)})
+        end
+        local out, last = scan(cursor, upto, topics, limit)
+        local left = stop - fiber.clock()
+        if #out > 0 or left <= 0 or last < upto then
+            return util.result('OK', {events = out, last_seq = last, head_seq = upto, oldest_seq = dropped + 1})
+        end
+        cursor = last  -- nothing that matches up to the head: wait for the next commit from here
+        M.waiters = M.waiters + 1
+        M.cond:wait(math.min(left, M.WRITABLE_CHECK_S))
+        M.waiters = M.waiters - 1
+    end
+end
+
+-- sc.events_stats: the log on this instance (the service's metrics, operators).
+function M.stats()
+    local seq = partitions.head()
+    local written = setmetatable({}, {__serialize = 'map'})
+    for topic, n in pairs(M.written) do
+        written[topic] = n
+    end
+    return util.result('OK', {
+        enabled = M.enabled, head_seq = visible(), written_seq = seq, oldest_seq = partitions.floor() + 1,
+        partitions = partitions.describe(), waiters = M.waiters, retention_days = partitions.retention_days,
+        written = written,
+        counters = partitions.counters, last_drop = partitions.last_drop or box.NULL,
+    })
+end
+
+-- Partitions now (on a writable instance) and their fiber; readers wake when this instance stops leading.
+function M.start()
+    partitions.on_demote = function()
+        M.cond:broadcast()
+    end
+    partitions.start()
+end
+
+return M

@@ -1,0 +1,292 @@
+#!/usr/bin/env tarantool
+-- The event log (smartcache.events, smartcache.event_partitions): same-transaction
+-- events, the gap-free sequence, committed-only reads, day partitions with an
+-- injected clock, retention, the cond wake-up.
+local tap = require('tap')
+local fiber = require('fiber')
+local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'helper.lua')
+helper.start()
+local util = require('smartcache.util')
+local events = require('smartcache.events')
+local partitions = require('smartcache.event_partitions')
+local expiry = require('smartcache.expiry')
+
+local test = tap.test('events')
+test:plan(13)
+
+local DAY_MS = partitions.DAY_MS
+local real_clock = partitions.clock
+
+-- Every event after `after` (all topics), read at once.
+local function read_all(after, topics)
+    local r = sc.events_read(nil, after, topics, 1000, 0)
+    assert(r.status == 'OK', r.status)
+    return r.events, r
+end
+
+local function head()
+    return sc.events_read(nil, nil).head_seq
+end
+
+-- Topics and keys of events, as strings, for is_deeply.
+local function summary(list)
+    local out = {}
+    for _, e in ipairs(list) do
+        table.insert(out, e.topic .. ' ' .. e.key)
+    end
+    return out
+end
+
+local function read_async(after, topics, wait_ms)
+    local ch = fiber.channel(1)
+    fiber.create(function()
+        local started = fiber.clock()
+        local r = sc.events_read(nil, after, topics, 100, wait_ms)
+        ch:put({r, fiber.clock() - started})
+    end)
+    return ch
+end
+
+test:test('each change of state writes its event, numbered without gaps', function(t)
+    t:plan(7)
+    local h = head()
+    local sid = helper.session('client-ev1')
+    sc.session_update(nil, sid, {n = 1})
+    sc.session_touch(nil, sid)
+    sc.session_get(nil, sid)
+    sc.session_delete(nil, sid)
+    sc.device_bind(nil, 'dev-ev1', 'client-ev1')
+    sc.device_bind(nil, 'dev-ev1', 'client-ev1')  -- the same binding again: nothing to report
+    sc.device_bind(nil, 'dev-ev1', 'client-ev1b')
+    sc.prewarm_acquire(nil, 'client-ev1', 1, 'owner-1', 10000, 0)
+    sc.prewarm_complete(nil, 'client-ev1', 1, 'owner-1', {accounts = {}})
+    local got = read_all(h)
+    t:is_deeply(summary(got), {
+        'session.created ' .. sid, 'session.updated ' .. sid, 'session.deleted ' .. sid,
+        'device.bound dev-ev1', 'device.bound dev-ev1', 'products.stored client-ev1',
+    }, 'created, updated, deleted (touch and get write none), bound twice, products stored')
+    local gap_free = true
+    for i, e in ipairs(got) do
+        gap_free = gap_free and e.seq == h + i
+    end
+    t:ok(gap_free, 'sequences h+1, h+2, ... without gaps')
+    t:is_deeply(got[1].payload, {client_id = 'client-ev1'}, 'created: the client')
+    t:is_deeply(got[2].payload, {client_id = 'client-ev1', rev = 2}, 'updated: the client and the revision')
+    t:is_deeply(got[5].payload, {client_id = 'client-ev1b', previous_client_id = 'client-ev1'}, 'rebound')
+    t:is_deeply(got[6].payload, {data_type = 1}, 'products: the data type')
+    t:ok(math.abs(got[1].time_ms - util.now_ms()) < 5000, 'time on the instance clock')
+end)
+
+test:test('expired sessions get session.expired from the sweeper, in its batch transaction', function(t)
+    t:plan(2)
+    local h = head()
+    local a, b = helper.session('client-exp'), helper.session('client-exp')
+    for _, id in ipairs({a, b}) do
+        box.space.sessions:update(id, {{'=', 7, util.now_ms() - 1}})
+    end
+    expiry.sweep_once('sessions')
+    local got = read_all(h)
+    t:is(#got, 4, 'two created, two expired')
+    table.sort(got, function(x, y) return x.seq < y.seq end)
+    local ended = {got[3].key, got[4].key}
+    table.sort(ended)
+    local want = {a, b}
+    table.sort(want)
+    t:is_deeply({got[3].topic, got[4].topic, ended}, {'session.expired', 'session.expired', want}, 'both expired')
+end)
+
+test:test('a change that fails writes no event: events already written roll back with it', function(t)
+    t:plan(4)
+    local a, b, c = helper.session('client-fail'), helper.session('client-fail'), helper.session('client-fail')
+    local h = head()
+    for _, id in ipairs({a, b, c}) do
+        box.space.sessions:update(id, {{'=', 7, util.now_ms() - 1}})
+    end
+    -- The third delete of the sweeper's batch fails: the two events written before it must go too.
+    local function refuse(old, new)
+        if new == nil and old ~= nil and old[1] == c then
+            error('injected failure')
+        end
+    end
+    box.space.sessions:before_replace(refuse)
+    local ok = pcall(expiry.sweep_once, 'sessions')
+    box.space.sessions:before_replace(nil, refuse)
+    t:ok(not ok, 'the batch failed')
+    t:is(head(), h, 'no event, the sequence did not move')
+    t:is(#read_all(h), 0, 'nothing to read')
+    -- The same with an idempotency key whose record cannot be written after the event was.
+    local function refuse_key(_, new)
+        if new ~= nil and new[1] == 'key-fail' then
+            error('injected failure')
+        end
+    end
+    box.space.idempotency:before_replace(refuse_key)
+    pcall(sc.event_publish, {idempotency_key = 'key-fail'}, 'app.fail', 'k', {})
+    box.space.idempotency:before_replace(nil, refuse_key)
+    t:is(head(), h, 'a publish whose key could not be stored wrote no event')
+end)
+
+test:test('a rolled-back transaction takes its sequence back; the next event reuses it', function(t)
+    t:plan(3)
+    local h = head()
+    box.begin()
+    events.write('app.rolled-back', 'k', nil, true)
+    box.rollback()
+    t:is(head(), h, 'head unchanged')
+    local r = sc.event_publish(nil, 'app.after', 'k', nil)
+    t:is(r.seq, h + 1, 'the next event takes the number')
+    t:is(events.visible(), h + 1, 'visible again once committed')
+end)
+
+test:test('readers never see an event whose transaction waits for its quorum, and it may roll back', function(t)
+    t:plan(6)
+    -- A synchronous space with a quorum of 2 and no replica: its commit waits, then rolls back.
+    local probe = box.schema.space.create('sync_probe', {is_sync = true, if_not_exists = true})
+    probe:create_index('primary', {if_not_exists = true})
+    box.cfg({replication_synchro_quorum = 2, replication_synchro_timeout = 0.5})
+    local h = head()
+    local reader = read_async(h, nil, 3000)
+    local writer = fiber.channel(1)
+    fiber.create(function()
+        writer:put({pcall(box.atomic, function()
+            probe:replace({1})
+            events.write('app.unconfirmed', 'k', nil, true)
+        end)})
+    end)
+    fiber.sleep(0.1)
+    t:is(box.space.sc_meta:get(partitions.META_SEQ)[2], h + 1, 'the event is in the space (2.6: no MVCC)')
+    t:is(head(), h, 'but the head readers see has not moved')
+    t:is(#read_all(h), 0, 'and a read finds nothing')
+    local ok = unpack(writer:get(5))
+    t:ok(not ok, 'the transaction rolled back without its quorum')
+    box.cfg({replication_synchro_quorum = 1})
+    local r = sc.event_publish(nil, 'app.confirmed', 'k', nil)
+    t:is(r.seq, h + 1, 'its number is taken by the next event')
+    local got = reader:get(5)[1]
+    t:is_deeply(summary(got.events), {'app.confirmed k'}, 'the waiting reader saw only the committed event')
+    probe:drop()
+end)
+
+test:test('a waiting reader is woken by the commit, not by the timer', function(t)
+    t:plan(4)
+    local h = head()
+    local ch = read_async(h, nil, 5000)
+    fiber.sleep(0.05)
+    t:is(events.waiters, 1, 'one reader waits')
+    sc.event_publish(nil, 'app.wake', 'k', {n = 1})
+    local r, waited = unpack(ch:get(5))
+    t:is_deeply(summary(r.events), {'app.wake k'}, 'the event')
+    t:ok(waited < 0.2, string.format('woken at once (%.1f ms after it started waiting)', waited * 1000))
+    local empty, slept = unpack(read_async(head(), nil, 200):get(5))
+    t:ok(#empty.events == 0 and slept >= 0.19, 'nothing committed: an empty answer at wait_ms')
+end)
+
+test:test('topic prefixes filter; the cursor moves past what does not match', function(t)
+    t:plan(5)
+    local h = head()
+    sc.event_publish(nil, 'app.a.x', '1', nil)
+    sc.event_publish(nil, 'app.b', '2', nil)
+    sc.event_publish(nil, 'app.a.y', '3', nil)
+    local got, r = read_all(h, {'app.a.'})
+    t:is_deeply(summary(got), {'app.a.x 1', 'app.a.y 3'}, 'two of three')
+    t:is(r.last_seq, h + 3, 'last_seq: the last looked at')
+    r = sc.events_read(nil, h, {'app.b', 'app.a.y'}, 1, 0)
+    t:is_deeply({#r.events, r.events[1].key, r.last_seq}, {1, '2', h + 2}, 'limit 1: the cursor stops there')
+    r = sc.events_read(nil, h + 3, {'app.nothing'}, 10, 0)
+    t:is_deeply({#r.events, r.last_seq, r.head_seq}, {0, h + 3, h + 3}, 'nothing new')
+    local ch = read_async(h + 3, {'app.wanted'}, 3000)
+    sc.event_publish(nil, 'app.unwanted', 'u', nil)
+    sc.event_publish(nil, 'app.wanted', 'w', nil)
+    t:is_deeply(summary(ch:get(5)[1].events), {'app.wanted w'}, 'a filtered wait skips what does not match')
+end)
+
+test:test('publish checks its arguments and applies once per idempotency key', function(t)
+    t:plan(6)
+    t:is(sc.event_publish(nil, 'session.created', 'k', nil).status, 'BAD_REQUEST', 'system topics are not for apps')
+    t:is(sc.event_publish(nil, 'app.', 'k', nil).status, 'BAD_REQUEST', 'a name after app.')
+    t:is(sc.event_publish(nil, 'app.x y', 'k', nil).status, 'BAD_REQUEST', 'no spaces')
+    t:is(sc.event_publish(nil, 'app.big', 'k', string.rep('x', 64 * 1024)).status, 'BAD_REQUEST', 'payload <= 64 KiB')
+    local first = sc.event_publish({idempotency_key = 'pub-once'}, 'app.once', 'k', {n = 1})
+    local again = sc.event_publish({idempotency_key = 'pub-once'}, 'app.once', 'k', {n = 1})
+    t:is_deeply({again.seq, again.replayed}, {first.seq, true}, 'a repeat answers the same sequence')
+    t:is(head(), first.seq, 'and writes nothing')
+end)
+
+test:test('bad read arguments are BAD_REQUEST; a follower answers NOT_LEADER', function(t)
+    t:plan(5)
+    t:is(sc.events_read(nil, -1, nil, 10, 0).status, 'BAD_REQUEST', 'after_seq >= 0')
+    t:is(sc.events_read(nil, 0, {1}, 10, 0).status, 'BAD_REQUEST', 'topics are strings')
+    t:is(sc.events_read(nil, 0, nil, 1001, 0).status, 'BAD_REQUEST', 'limit <= 1000')
+    t:is(sc.events_read(nil, 0, nil, 10, 60001).status, 'BAD_REQUEST', 'wait_ms <= SC_MAX_WAIT_S')
+    local original = util.writable
+    util.writable = function() return false end
+    local r = sc.events_read(nil, 0, nil, 10, 0)
+    util.writable = original
+    t:is(r.status, 'NOT_LEADER', 'only the writable instance answers')
+end)
+
+test:test('a day boundary starts a partition; a read crosses it seamlessly', function(t)
+    t:plan(5)
+    local midnight = (math.floor(util.now_ms() / DAY_MS) + 5) * DAY_MS  -- five days ahead
+    partitions.clock = function() return midnight - 10 end
+    local h = head()
+    sc.event_publish(nil, 'app.day', 'before', nil)
+    partitions.clock = function() return midnight + 10 end
+    sc.event_publish(nil, 'app.day', 'after', nil)
+    local before_day, after_day = partitions.day_of(midnight - 10), partitions.day_of(midnight + 10)
+    t:ok(box.space['events_' .. before_day]:get(h + 1) ~= nil, 'the first in its day')
+    t:ok(box.space['events_' .. after_day]:get(h + 2) ~= nil, 'the second in the next')
+    t:is_deeply(summary(read_all(h)), {'app.day before', 'app.day after'}, 'one read, both, in order')
+    -- A clock that goes back (a new leader's) keeps writing into the newest day: sequences stay ordered by day.
+    partitions.clock = function() return midnight - DAY_MS end
+    local r = sc.event_publish(nil, 'app.day', 'clock-back', nil)
+    t:ok(box.space['events_' .. after_day]:get(r.seq) ~= nil, 'a clock going back sticks to the newest day')
+    partitions.clock = function() return midnight + DAY_MS * 0.5 end
+    partitions.maintain()
+    t:ok(box.space['events_' .. partitions.day_of(midnight + DAY_MS)] ~= nil, 'maintenance creates tomorrow ahead')
+end)
+
+test:test('retention drops whole days; an older cursor gets CURSOR_TOO_OLD with the oldest kept', function(t)
+    t:plan(7)
+    local base = (math.floor(util.now_ms() / DAY_MS) + 20) * DAY_MS
+    partitions.clock = function() return base + 1000 end
+    local first = sc.event_publish(nil, 'app.ret', 'd0', nil).seq
+    partitions.clock = function() return base + DAY_MS + 1000 end
+    local second = sc.event_publish(nil, 'app.ret', 'd1', nil).seq
+    partitions.clock = function() return base + 3 * DAY_MS + 1000 end  -- day 0 is now 3 days old, day 1 two
+    partitions.maintain()
+    t:is(box.space['events_' .. partitions.day_of(base)], nil, 'the day past retention is gone')
+    t:ok(box.space['events_' .. partitions.day_of(base + DAY_MS)] ~= nil, 'the one within retention is kept')
+    local r = sc.events_read(nil, first - 1, nil, 10, 0)
+    t:is_deeply({r.status, r.oldest_seq}, {'CURSOR_TOO_OLD', first + 1}, 'a cursor before the dropped day')
+    r = sc.events_read(nil, first, nil, 10, 0)
+    t:is_deeply({r.status, r.events[1].seq}, {'OK', second}, 'a cursor at the floor reads on, no gap')
+    -- The newest event's day is never dropped, however old.
+    partitions.clock = function() return base + 30 * DAY_MS end
+    partitions.maintain()
+    t:ok(box.space['events_' .. partitions.day_of(base + DAY_MS)] ~= nil, 'the head day stays')
+    t:is(sc.events_read(nil, second - 1, nil, 10, 0).events[1].seq, second, 'and is read')
+    t:is(sc.events_stats(nil).oldest_seq, first + 1, 'stats: the oldest kept')
+end)
+
+test:test('events_stats: partitions, head, counts per topic', function(t)
+    t:plan(3)
+    partitions.clock = real_clock
+    partitions.maintain()
+    local s = sc.events_stats(nil)
+    t:is(s.head_seq, head(), 'head')
+    t:ok(#s.partitions >= 2, 'partitions listed')
+    t:ok(s.written['session.created'] >= 1 and s.written.app >= 1, 'committed events counted per topic')
+end)
+
+test:test('SC_EVENTS=false: changes of state write no events', function(t)
+    t:plan(2)
+    events.enabled = false
+    local h = head()
+    helper.session('client-off')
+    t:is(head(), h, 'a session without an event')
+    t:is(sc.event_publish(nil, 'app.still', 'k', nil).seq, h + 1, 'application events still work')
+    events.enabled = true
+end)
+
+helper.finish(test)

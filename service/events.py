@@ -1,0 +1,270 @@
+"""The events publisher: one reader of the event log per service instance, and the PUB socket
+front servers subscribe to (issue 16).
+
+Storage keeps the log (lua/smartcache/events.lua): every change that matters
+writes its event in its own transaction, numbered by a gap-free sequence. This
+thread reads it from the leader with ``events_read``, which waits *inside*
+Tarantool on a fiber.cond until a commit (push: no polling, one round trip per
+batch), and publishes each event on ``SMARTCACHE_EVENTS_LISTEN`` in sequence
+order, three frames per event::
+
+    topic (UTF-8: ZeroMQ's prefix filter)  |  seq (8 bytes, big-endian)  |  msgpack {seq, time_ms, topic, key, payload}
+
+and, after a second without events, a heartbeat: an empty topic, the last
+sequence published, an empty body. A subscriber that sees a gap (a slow
+joiner, its queue overflowed at ``SNDHWM``, a reconnect, a restart of this
+service) reads the missing events with ``EVENTS_READ`` from its last
+sequence: the ZeroMQ guide's Clone pattern, built into the client library
+(service/subscriber.py).
+
+The reader follows the leader like the workers do (service/storage.py: it asks
+every instance its role); after a failover it goes on from its last sequence on
+the new leader, which has every acknowledged event (synchronous partitions in
+HA), so the stream stays gap-free. It starts at the head: events committed
+while no publisher ran are read by subscribers with EVENTS_READ, never
+replayed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import threading
+import time
+from typing import Any
+
+import msgpack
+import structlog
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from service import eventloop
+from service.config import Settings
+from service.errors import StorageError
+from service.metrics import EVENT_TOPIC_LABELS, Metrics
+from service.security import Curve
+from service.storage import Storage
+from service.zmqio import send_frames
+
+log = structlog.get_logger("events")
+
+#: events per read (the procedure's largest limit)
+BATCH = 1000
+#: an idle read waits this long in storage for a commit; a heartbeat follows each idle read
+READ_WAIT_MS = 1000
+#: while no leader is known, look again this often
+NO_LEADER_DELAY_S = 0.05
+#: after a failed read, wait this long before the next
+RETRY_DELAY_S = 0.5
+#: partitions and the oldest kept sequence are asked this often
+STATS_INTERVAL_S = 5.0
+#: messages queued per subscriber before ZeroMQ drops (the subscriber then catches up with EVENTS_READ):
+#: 100,000 events of about 150 bytes, 20 s at 5,000 events/s, about 15 MB per stalled subscriber
+SNDHWM = 100_000
+STOP_GRACE_S = 5.0
+SEQ = struct.Struct("!Q")
+HEARTBEAT_TOPIC = b""
+#: topics storage writes by itself; application topics (app.*) are one metric label
+SYSTEM_TOPICS = frozenset(EVENT_TOPIC_LABELS) - {"app"}
+_MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+
+
+def topic_label(topic: str) -> str:
+    """A bounded metric label: the system topic itself, ``app`` for application topics."""
+    if topic in SYSTEM_TOPICS:
+        return topic
+    return "app" if topic.startswith("app.") else "other"
+
+
+def event_frames(event: dict[str, Any]) -> list[bytes]:
+    """The three frames of one published event."""
+    return [event["topic"].encode(), SEQ.pack(event["seq"]), msgpack.packb(event, use_bin_type=True)]
+
+
+def heartbeat_frames(seq: int) -> list[bytes]:
+    """An empty topic: every sequence up to ``seq`` has been published."""
+    return [HEARTBEAT_TOPIC, SEQ.pack(seq), b""]
+
+
+class EventPublisher:
+    """The reader and the PUB socket, on a thread with an event loop of its own (start, stop, join)."""
+
+    def __init__(
+        self, *, settings: Settings, context: zmq.Context[Any], metrics: Metrics, curve: Curve | None = None
+    ) -> None:
+        self._settings = settings
+        self._ctx = context
+        self._metrics = metrics
+        self._curve = curve
+        self._thread = threading.Thread(target=self._run, name="events", daemon=True)
+        self._bound = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._monitor: zmq.Socket[Any] | None = None
+        #: the bound endpoint (port 0 resolved), once started
+        self.endpoint = ""
+        self.error: zmq.ZMQError | None = None
+        #: the last sequence published (everything up to it went out, in order)
+        self.cursor: int | None = None
+        self._subscribers = 0
+        self._labels: dict[str, Any] = {}
+
+    def start(self) -> None:
+        """Bind the PUB socket (raises zmq.ZMQError if it cannot) and start reading."""
+        self._thread.start()
+        self._bound.wait()
+        if self.error is not None:
+            self._thread.join()
+            raise self.error
+
+    def stop(self) -> None:
+        """Stop reading and close the socket; safe from any thread."""
+        if self._loop is not None and self._stopping is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                self._loop.call_soon_threadsafe(self._stopping.set)
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        eventloop.run(self._main())
+
+    def _bind(self) -> None:
+        sock = self._ctx.socket(zmq.PUB)
+        try:
+            sock.setsockopt(zmq.SNDHWM, SNDHWM)
+            sock.setsockopt(zmq.LINGER, 0)
+            if self._curve is not None:
+                self._curve.secure(sock)  # the same keys as the client socket
+            self._monitor = sock.get_monitor_socket(_MONITORED)
+            sock.bind(self._settings.events_listen)
+            self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError:
+            if self._monitor is not None:
+                self._monitor.close(linger=0)
+            sock.close(linger=0)
+            raise
+        self._sock = sock
+
+    async def _main(self) -> None:
+        try:
+            self._bind()
+        except zmq.ZMQError as e:
+            self.error = e
+            self._bound.set()
+            return
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._bound.set()
+        log.info("events_publishing", endpoint=self.endpoint)
+        storage = Storage(settings=self._settings, metrics=self._metrics)
+        await storage.start()
+        reader = self._loop.create_task(self._read_forever(storage))
+        try:
+            await self._stopping.wait()
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(reader, STOP_GRACE_S)
+            await storage.close()
+            # 1. the monitor (its inproc pair) 2. the PUB socket: nothing is sent after stop
+            if self._monitor is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._pub.disable_monitor()
+                self._monitor.close(linger=0)
+            self._pub.close(linger=0)
+            log.info("events_stopped", published_seq=self.cursor)
+
+    async def _read_forever(self, storage: Storage) -> None:
+        """Read from the leader and publish, from the head at start, for as long as the service runs."""
+        next_stats = 0.0
+        failing = False
+        while True:
+            self._count_subscribers()
+            if storage.leader is None:
+                await asyncio.sleep(NO_LEADER_DELAY_S)
+                continue
+            try:
+                if time.monotonic() >= next_stats:
+                    await self._stats(storage)
+                    next_stats = time.monotonic() + STATS_INTERVAL_S
+                await self._read_once(storage)
+            except StorageError as e:
+                if not failing:
+                    log.warning("events_read_failing", error=str(e), published_seq=self.cursor)
+                failing = True
+                await asyncio.sleep(RETRY_DELAY_S)
+                continue
+            if failing:
+                log.info("events_read_recovered", published_seq=self.cursor)
+                failing = False
+
+    async def _read_once(self, storage: Storage) -> None:
+        if self.cursor is None:  # start at the head: what came before is for EVENTS_READ
+            r = await storage.call("events_read", [None, None, 1, 0])
+            self.cursor = int(r["head_seq"])
+            self._metrics.events_published_seq.set(self.cursor)
+            log.info("events_reader_started", head_seq=self.cursor)
+            return
+        r = await storage.call("events_read", [self.cursor, None, BATCH, READ_WAIT_MS])
+        status = r["status"]
+        if status == "CURSOR_TOO_OLD":
+            # Days without a publisher: subscribers find the same gap and get CURSOR_TOO_OLD themselves.
+            log.error("events_cursor_too_old", published_seq=self.cursor, oldest_seq=r["oldest_seq"])
+            self.cursor = int(r["oldest_seq"]) - 1
+            return
+        if status != "OK":
+            raise StorageError(f"events_read answered {status}: {r.get('message', '')}")
+        head = int(r["head_seq"])
+        if head < self.cursor:
+            # A leader without events already published: replication was asynchronous (SC_SYNC=false).
+            log.error("events_leader_behind", head_seq=head, published_seq=self.cursor)
+        self._publish(r["events"], storage)
+        self.cursor = max(self.cursor, int(r["last_seq"]))
+        self._metrics.events_head_seq.set(head)
+        self._metrics.events_published_seq.set(self.cursor)
+        self._metrics.events_reader_lag.set(max(0, head - self.cursor))
+        if not r["events"]:
+            send_frames(self._pub, heartbeat_frames(self.cursor))
+
+    @property
+    def _pub(self) -> zmq.Socket[Any]:
+        assert self._sock is not None
+        return self._sock
+
+    def _publish(self, events: list[dict[str, Any]], storage: Storage) -> None:
+        sock, m = self._pub, self._metrics
+        leader = storage.leader
+        offset_ms = leader.offset_ms if leader is not None else 0.0
+        now_ms = time.time() * 1000
+        for event in events:
+            send_frames(sock, event_frames(event))
+            topic = event["topic"]
+            counter = self._labels.get(topic)
+            if counter is None:
+                counter = self._labels[topic] = m.events_published.labels(topic_label(topic))
+            counter.inc()
+            m.events_delay.observe(max(0.0, now_ms - (event["time_ms"] - offset_ms)) / 1000)
+
+    async def _stats(self, storage: Storage) -> None:
+        s = await storage.call("events_stats", [])
+        self._metrics.events_partitions.set(len(s.get("partitions") or ()))
+        self._metrics.events_oldest_seq.set(int(s.get("oldest_seq") or 0))
+
+    def _count_subscribers(self) -> None:
+        """Connections accepted minus those gone, from the socket's monitor (read without waiting)."""
+        mon = self._monitor
+        if mon is None:
+            return
+        while True:
+            try:
+                event = recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._subscribers += 1
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self._subscribers = max(0, self._subscribers - 1)
+        self._metrics.events_subscribers.set(self._subscribers)
