@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import zmq
 
-from service import __version__, cli_admin, cli_coordination
+from service import __version__, cli_admin, cli_coordination, cli_events
 from service.client import DEFAULT_TIMEOUT_S, Client, CurveKeys, Reply
 from service.config import PORT_OFFSET_VARIABLE
 from service.errors import RequestError, RequestTimeout
@@ -194,7 +194,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("client_id", help="the bank's client id")
     g.add_argument("data_type", type=int, help=f"product data type: {DATA_TYPES}")
     cli_coordination.add_parsers(command, data)
+    return _with_modules(p, sub)
+
+
+def _with_modules(p: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser:
+    """The subcommands that live in modules of their own: operators' (cli_admin) and the event log's."""
     cli_admin.add_parsers(sub)
+    cli_events.add_parsers(sub)
     return p
 
 
@@ -273,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--endpoint / ${ENDPOINT_VARIABLE} {endpoint!r}: {e} (expected tcp://host:port or ipc://path)")
     with client:
         try:
+            if args.command in cli_events.COMMANDS:
+                return cli_events.run(client, args, lambda doc: _print(_jsonable(doc)))
             reply = _run(client, args)
         except RequestTimeout:
             message = (

@@ -5,6 +5,7 @@ a subscriber killed and restarted mid-stream gets every event exactly once, in o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -107,6 +108,22 @@ def test_a_wait_is_cut_to_the_message_lifetime(svc: Running) -> None:
     assert r.ok
     assert r.body["events"] == []
     assert 0.2 < took < 1.0, took
+
+
+def test_cli_events_tail_prints_events_from_a_sequence_as_json_lines(svc: Running) -> None:
+    topic = f"app.cli-{uuid.uuid4().hex[:8]}"
+    seqs = [svc.client.event_publish(topic, {"n": n}, key=f"k{n}").body["seq"] for n in range(2)]
+    assert svc.service.events is not None
+    args = ["--endpoint", svc.endpoint, "events", "tail", "--topic", topic, "--from", str(seqs[0])]
+    args += ["--publishers", svc.service.events.endpoint, "--count", "2"]
+    cmd = [sys.executable, "-m", "service.cli", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(e["seq"], e["topic"], e["key"], e["payload"]) for e in lines] == [
+        (seqs[0], topic, "k0", {"n": 0}),
+        (seqs[1], topic, "k1", {"n": 1}),
+    ]
 
 
 def test_bad_arguments_are_bad_request(svc: Running) -> None:
