@@ -6,6 +6,7 @@ python -m loadtest bench                # what `make bench` runs
 python -m loadtest overload             # 2.5x capacity against a fresh stack
 python -m loadtest prewarm              # the original's claim: products before login
 python -m loadtest coordination         # issue 17's four numbers: counters, lock hand-over, ids, kill -9
+python -m loadtest events               # issue 16's four numbers: latency, subscriber restart, on/off, drop
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import coordination, direct, runner
+from loadtest import events as events_bench
 from loadtest.backend import Backend
 from loadtest.generator import Job
 from loadtest.prewarm import run as run_prewarm
@@ -183,6 +185,19 @@ def cmd_coordination(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_events(a: argparse.Namespace) -> int:
+    doc = events_bench.run(
+        rate=a.rate,
+        duration_s=a.duration,
+        inflight=a.inflight,
+        rounds=a.rounds,
+        drop_events=a.drop_events,
+        readers=a.readers,
+    )
+    _save(a.json, {"machine": _machine(), **doc, "at": time.strftime("%FT%TZ", time.gmtime())})
+    return 0
+
+
 def cmd_prewarm(a: argparse.Namespace) -> int:
     doc = run_prewarm(logins=a.logins, latency_ms=a.latency_ms, reads_per_type=a.reads)
     _save(a.json, doc)
@@ -242,10 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--kills", type=int, default=5, help="holders killed")
     c.add_argument("--wal-mode", default="write", choices=["write", "fsync"], help="Tarantool's SC_WAL_MODE")
     c.add_argument("--json", default="var/coordination.json")
+    e = sub.add_parser("events", help="issue 16: event latency, subscriber restart, events on/off, partition drop")
+    e.add_argument("--rate", type=float, default=5000.0, help="events per second, latency and restart runs")
+    e.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    e.add_argument("--inflight", type=int, default=128, help="requests in flight, session throughput runs")
+    e.add_argument("--rounds", type=int, default=2, help="off/on pairs of the throughput comparison")
+    e.add_argument("--drop-events", type=int, default=1_000_000, help="events in the partition dropped")
+    e.add_argument("--readers", type=int, default=1000, help="EVENTS_READ waiting at once")
+    e.add_argument("--json", default="var/events.json")
     a = p.parse_args(argv)
     Path("var").mkdir(exist_ok=True)
     commands = {"run": cmd_run, "bench": cmd_bench, "overload": cmd_overload, "prewarm": cmd_prewarm}
-    return {**commands, "coordination": cmd_coordination}[a.cmd](a)
+    return {**commands, "coordination": cmd_coordination, "events": cmd_events}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ class ServiceUnderTest:
     proc: subprocess.Popen[bytes]
     endpoint: str
     metrics_port: int
+    #: the events PUB socket (SMARTCACHE_EVENTS_LISTEN); "" when off
+    events_endpoint: str = ""
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -64,12 +66,14 @@ def service(
         "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}",
         "SMARTCACHE_TARANTOOL": master.address,
         "SMARTCACHE_METRICS_PORT": str(metrics_port),
+        "SMARTCACHE_EVENTS_LISTEN": f"tcp://127.0.0.1:{free_port()}",  # services of a run side by side
         **(env or {}),
     }
     with log_path.open("wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "service"], env=full_env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        sut = ServiceUnderTest(proc, f"tcp://127.0.0.1:{port}", metrics_port)
+        events = full_env["SMARTCACHE_EVENTS_LISTEN"]
+        sut = ServiceUnderTest(proc, f"tcp://127.0.0.1:{port}", metrics_port, "" if events == "none" else events)
         _wait_ready(sut, curve)
         yield sut
     finally:

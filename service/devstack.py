@@ -69,6 +69,8 @@ INSTANCES = ("tarantool-1", "tarantool-2", "tarantool-3")
 #: etcd runs as long as make run; its data stays in var/ like the instances'
 ETCD_LIFETIME_S = 30 * 86400
 DEFAULT_LISTEN_PORT = 5555
+#: the service's events PUB socket (SMARTCACHE_EVENTS_LISTEN), moved by the offset too
+DEFAULT_EVENTS_PORT = 5556
 MAX_PORT_OFFSET = 65535 - max(DEFAULT_PORTS.values())
 
 
@@ -304,6 +306,8 @@ class Plan:
     ports: dict[str, int]
     listen: str
     listen_port: int | None  # None: an ipc:// endpoint, nothing to check
+    #: the service's events socket (SMARTCACHE_EVENTS_LISTEN)
+    events_listen: str = ""
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Plan:
@@ -326,9 +330,15 @@ class Plan:
                 listen_port = ports["SMARTCACHE_LISTEN"] = int(port)
             else:
                 errors.append(f"SMARTCACHE_LISTEN={listen!r}: make run needs a fixed port (tcp://host:PORT)")
+        events = (
+            env.get("SMARTCACHE_EVENTS_LISTEN", "").strip() or f"tcp://127.0.0.1:{DEFAULT_EVENTS_PORT + int(offset)}"
+        )
+        events_port = events.rpartition(":")[2] if events.startswith("tcp://") else ""
+        if events_port.isdigit() and int(events_port) > 0:
+            ports["SMARTCACHE_EVENTS_LISTEN"] = int(events_port)
         if errors:
             raise BadEnvironment("; ".join(errors))
-        return cls(Path(env.get("SMARTCACHE_VAR") or ROOT / "var"), ports, listen, listen_port)
+        return cls(Path(env.get("SMARTCACHE_VAR") or ROOT / "var"), ports, listen, listen_port, events)
 
     def check_ports(self) -> None:
         """Every port distinct and free now, or BadEnvironment naming each variable to change."""
@@ -358,6 +368,7 @@ def main() -> int:
         plan = Plan.from_env(dict(os.environ))
         service_env = {
             "SMARTCACHE_LISTEN": plan.listen,
+            "SMARTCACHE_EVENTS_LISTEN": plan.events_listen,
             "SMARTCACHE_TARANTOOL": ",".join(f"127.0.0.1:{plan.ports[f'SC_PORT_{i}']}" for i in (1, 2, 3)),
             "SMARTCACHE_METRICS_PORT": str(plan.ports["SMARTCACHE_METRICS_PORT"]),
             "SMARTCACHE_BACKEND_URL": f"http://127.0.0.1:{plan.ports['BACKEND_PORT']}",
@@ -417,6 +428,7 @@ def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
         banner = [
             ("service (ZeroMQ)", f"{plan.listen}  log {service.log_path}"),
             ("service metrics", f"{metrics_url}/metrics  health {metrics_url}/health/ready"),
+            ("service events (PUB)", f"{plan.events_listen}  smartcache-cli events tail"),
             *(
                 (
                     f"{t.name}{' (leader)' if t is leader else ''}",

@@ -49,6 +49,8 @@ SEQ = struct.Struct("!Q")
 CATCH_UP_LIMIT = 1000
 #: messages the SUB socket holds before ZeroMQ drops (then a gap: caught up from storage)
 RCVHWM = 100_000
+#: messages taken off the socket per wake-up
+DRAIN_MAX = 1000
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 #: transport errors that will not go away by asking again
@@ -160,7 +162,12 @@ class Subscription:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not self._sub.poll(left_ms):
                 return None
-            self._receive(self._sub.recv_multipart())
+            for _ in range(DRAIN_MAX):  # what is queued already, without a poll per message
+                try:
+                    frames = self._sub.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._receive(frames)
 
     def close(self) -> None:
         self._sub.close(linger=0)
@@ -181,20 +188,23 @@ class Subscription:
         seq = SEQ.unpack(frames[1])[0]
         if not frames[0]:  # heartbeat: everything up to seq was published
             if seq > self.cursor:
-                self.counts.gaps += 1
-                self._behind = True
+                self._gap()
             return
         if seq <= self.cursor:
             self.counts.duplicates += 1
             return
         if seq > self.cursor + 1:
-            self.counts.gaps += 1
-            self._behind = True  # the catch-up reads this one too
+            self._gap()  # the catch-up reads this one too
             return
         self.cursor = seq
         topic = frames[0].decode()
         if self._matches(topic):
             self._buffer.append(Event.from_map(msgpack.unpackb(frames[2], raw=False)))
+
+    def _gap(self) -> None:
+        if not self._behind:
+            self.counts.gaps += 1
+            self._behind = True
 
     def _catch_up(self, deadline: float) -> bool:
         """Read from the cursor to the head; False when the deadline came first (it goes on at the next poll)."""

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from service.devstack import (
+    DEFAULT_EVENTS_PORT,
     DEFAULT_LISTEN_PORT,
     DEFAULT_PORTS,
     MAX_PORT_OFFSET,
@@ -61,6 +62,7 @@ def _stack_env(var: Path) -> dict[str, str]:
         **os.environ,
         **{name: str(free_port()) for name in PORT_VARIABLES},
         "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{free_port()}",
+        "SMARTCACHE_EVENTS_LISTEN": f"tcp://127.0.0.1:{free_port()}",
         "SMARTCACHE_VAR": str(var),
     }
 
@@ -70,7 +72,7 @@ def _moved_stack_env(var: Path) -> tuple[dict[str, str], int]:
     clean = {k: v for k, v in os.environ.items() if k not in DEFAULT_PORTS and not k.startswith("SMARTCACHE_")}
     for _ in range(100):
         offset = random.randrange(20000, MAX_PORT_OFFSET)
-        if all(port_is_free(p + offset) for p in (*DEFAULT_PORTS.values(), DEFAULT_LISTEN_PORT)):
+        if all(port_is_free(p + offset) for p in (*DEFAULT_PORTS.values(), DEFAULT_LISTEN_PORT, DEFAULT_EVENTS_PORT)):
             return {**clean, "SMARTCACHE_PORT_OFFSET": str(offset), "SMARTCACHE_VAR": str(var)}, offset
     raise AssertionError("no free offset")
 
@@ -242,6 +244,7 @@ def test_one_variable_moves_every_default_port() -> None:
         **{name: port + 1000 for name, port in DEFAULT_PORTS.items()},
         "BACKEND_PORT": 7000,  # a port set by its own variable stays
         "SMARTCACHE_LISTEN": 6555,
+        "SMARTCACHE_EVENTS_LISTEN": 6556,
     }
     assert plan.listen == "tcp://127.0.0.1:6555"
     with pytest.raises(BadEnvironment, match="SMARTCACHE_PORT_OFFSET"):
