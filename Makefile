@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 
-.PHONY: help run test lint fmt bench fuzz clean reset-data sysdeps venv lua-test docker-test
+.PHONY: help run test lint fmt bench fuzz clean reset-data sysdeps venv lua-test docker-test test-faults
 .DEFAULT_GOAL := help
 
 help:  ## list the targets (this text)
@@ -38,6 +38,14 @@ run: venv  ## start master + replica, the service and the simulated backend; Ctr
 test: venv  ## the whole test suite: Lua tap tests, then pytest
 	$(MAKE) lua-test
 	$(PY) -m pytest
+
+test-faults: venv  ## fault suite, as root (~10 min): kill -9, SIGSTOP, partitions, disks, memtx, clock; var/faults.json
+	@missing=""; command -v faketime >/dev/null || missing="$$missing faketime"; \
+	command -v nft >/dev/null || missing="$$missing nftables"; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	$(PY) -m pytest -q -p no:cacheprovider -o python_files='selftest_*.py' tests/faults
+	timeout --kill-after=30 1500 $(PY) -m tests.faults
 
 lua-test: sysdeps  ## Lua tap tests only (lua/tests/*_test.lua)
 	@for t in lua/tests/*_test.lua; do \
