@@ -17,10 +17,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from service.client import Client
+import zmq
+import zmq.auth
+
+from service.client import Client, CurveKeys
 from service.devstack import Tarantool
 from service.errors import RequestError
 from service.parsers import parse_bulkheads
+from service.security import create_key_pair
 from service.subscriber import Event, Subscription
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
@@ -124,6 +128,37 @@ def test_cli_events_tail_prints_events_from_a_sequence_as_json_lines(svc: Runnin
         (seqs[0], topic, "k0", {"n": 0}),
         (seqs[1], topic, "k1", {"n": 1}),
     ]
+
+
+def test_with_curve_the_events_socket_takes_allowed_keys_only(storage: Tarantool, tmp_path: Path) -> None:
+    server, clients = tmp_path / "server", tmp_path / "clients"
+    for d in (server, clients):
+        d.mkdir()
+    zmq.auth.create_certificates(server, "smartcache")
+    create_key_pair(clients, "front")
+    curve = CurveKeys.from_files(server / "smartcache.key", clients / "front.key_secret")
+    settings = service_settings(
+        storage, curve_secret_key_file=str(server / "smartcache.key_secret"), curve_clients_dir=str(clients)
+    )
+    with running_service(settings) as r:
+        assert r.service.events is not None
+        endpoint = r.service.events.endpoint
+        plain = zmq.Context.instance().socket(zmq.SUB)
+        plain.setsockopt(zmq.LINGER, 0)
+        plain.setsockopt(zmq.SUBSCRIBE, b"")
+        plain.connect(endpoint)
+        try:
+            with (
+                Client(r.endpoint, curve=curve, timeout_s=5) as c,
+                c.subscribe(["app.curve"], publishers=endpoint) as sub,
+            ):
+                seq = c.event_publish("app.curve", {"secret": True}).body["seq"]
+                got = sub.poll(5)
+                assert got is not None
+                assert (got.seq, got.payload) == (seq, {"secret": True})
+            assert plain.poll(1500) == 0  # without CURVE: nothing, not even a heartbeat (one a second)
+        finally:
+            plain.close()
 
 
 def test_bad_arguments_are_bad_request(svc: Running) -> None:
