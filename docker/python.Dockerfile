@@ -28,6 +28,8 @@ RUN python3 -m venv /opt/venv \
 COPY README.md ./
 COPY service service
 COPY loadtest loadtest
+# proto/ is installed as the package smartcache_proto (protocol.toml travels with the code).
+COPY proto/__init__.py proto/protocol.toml proto/PROTOCOL.md proto/
 RUN /opt/venv/bin/pip install -q --no-deps . \
     && /opt/venv/bin/pip check \
     && find /opt/venv -name __pycache__ -prune -exec rm -rf {} + \
@@ -39,9 +41,6 @@ RUN apt-get update -qq \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --home-dir /nonexistent --shell /usr/sbin/nologin smartcache
 COPY --from=build /opt/venv /opt/venv
-# service/protocol.py loads ../proto/protocol.toml next to the package: in
-# site-packages that is site-packages/proto/.
-COPY proto/protocol.toml /opt/venv/lib/python3.11/site-packages/proto/protocol.toml
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -51,17 +50,19 @@ USER 10001:10001
 ENTRYPOINT ["tini", "--"]
 
 FROM runtime AS service
-# Inside a container the service listens on all interfaces; everything else comes
-# from SMARTCACHE_* variables (see README.md "Configuration").
+# Inside a container the service listens on all interfaces: requests on 5555, the event
+# stream (PUB, Client.subscribe) on 5557, metrics and health on 9105. Everything else
+# comes from SMARTCACHE_* variables (see README.md "Configuration").
 ENV SMARTCACHE_LISTEN=tcp://0.0.0.0:5555 \
+    SMARTCACHE_EVENTS_LISTEN=tcp://0.0.0.0:5557 \
     SMARTCACHE_METRICS_ADDR=0.0.0.0 \
     SMARTCACHE_METRICS_PORT=9105
-EXPOSE 5555 9105
+EXPOSE 5555 5557 9105
 # SIGTERM starts the drain (SMARTCACHE_DRAIN_TIMEOUT_S, default 10 s): give the
 # container a stop grace period longer than that (docker-compose.yml: 30 s).
 STOPSIGNAL SIGTERM
 # Healthy = ready: `GET /health/ready` on the metrics port answers 200 while the
-# broker loop runs and the storage connection is up (503 names the failing check).
+# broker loop runs and a Tarantool leader is known (503 names the failing check).
 HEALTHCHECK --interval=5s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health/ready' % os.environ['SMARTCACHE_METRICS_PORT'], timeout=2)"]
 CMD ["smartcache"]

@@ -9,17 +9,26 @@
 # when none runs (and stops that one, by its PID, at the end); builds the base
 # image with docker/build-base.sh when debian:bookworm-slim cannot be had.
 #
+# The stack runs with its secrets from files (docker/compose.secrets.yml, random ones
+# made by docker/make-secrets.sh in a private directory) and the services in production
+# mode without CURVE (SMARTCACHE_ENV=production, SMARTCACHE_INSECURE=1).
+# SECRETS=0 runs the plain development defaults of docker-compose.yml instead.
+#
 # Variables: BASE_IMAGE (skip the base image search), KEEP_IMAGES=1,
 # SMARTCACHE_TAG (image tag, default dtest), COMPOSE_PROJECT_NAME (default
-# smartcache-dtest), PY (python with pytest, default .venv/bin/python).
+# smartcache-dtest), SECRETS (default 1), PY (python with pytest, default
+# .venv/bin/python), PYTEST_ARGS (extra pytest arguments, e.g. -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PY:-.venv/bin/python}
 KEEP_IMAGES=${KEEP_IMAGES:-0}
+SECRETS=${SECRETS:-1}
 export SMARTCACHE_TAG=${SMARTCACHE_TAG:-dtest}
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-smartcache-dtest}
-IMAGES="smartcache/service smartcache/backend smartcache/tarantool smartcache/prometheus"
+IMAGES="smartcache/service smartcache/backend smartcache/tarantool smartcache/etcd smartcache/prometheus"
+# Containers, volumes and networks the smoke suite makes outside compose carry this label.
+export SMOKE_LABEL="org.smartcache.dtest=$COMPOSE_PROJECT_NAME"
 BASE_TAG=smartcache-base:bookworm
 DOCKERD_WAIT_S=60
 
@@ -58,6 +67,12 @@ cleanup() {
         fi
         say "tearing down (containers, networks, volumes)"
         "${compose[@]}" down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1 || true
+    fi
+    if docker info >/dev/null 2>&1; then
+        # what the smoke suite started by itself (the restore probe), should a test not have cleaned up
+        docker ps -aq --filter "label=$SMOKE_LABEL" | xargs -r docker rm -fv >/dev/null 2>&1 || true
+        docker volume ls -q --filter "label=$SMOKE_LABEL" | xargs -r docker volume rm -f >/dev/null 2>&1 || true
+        docker network ls -q --filter "label=$SMOKE_LABEL" | xargs -r docker network rm >/dev/null 2>&1 || true
     fi
     if [ "$KEEP_IMAGES" != 1 ] && docker info >/dev/null 2>&1; then
         say "removing the images this run built"
@@ -111,7 +126,8 @@ eval "$(python3 - <<'EOF'
 import socket
 names = """SERVICE_1_PORT SERVICE_2_PORT SERVICE_1_METRICS_PORT SERVICE_2_METRICS_PORT
 TARANTOOL_1_PORT TARANTOOL_2_PORT TARANTOOL_3_PORT TARANTOOL_1_HTTP_PORT TARANTOOL_2_HTTP_PORT
-TARANTOOL_3_HTTP_PORT BACKEND_PORT PROMETHEUS_PORT""".split()
+TARANTOOL_3_HTTP_PORT BACKEND_PORT PROMETHEUS_PORT ETCD_PORT SERVICE_1_EVENTS_PORT
+SERVICE_2_EVENTS_PORT""".split()
 socks = [socket.socket() for _ in names]
 for s in socks:
     s.bind(("127.0.0.1", 0))
@@ -123,9 +139,20 @@ EOF
 )"
 export PUBLISH_ADDR=127.0.0.1
 
-# --- build -----------------------------------------------------------------------
+# --- secrets ---------------------------------------------------------------------
+# Both shapes of the compose file must be valid: the development defaults, and with secrets.
 "${compose[@]}" config -q
-say "compose file valid; building images (log $work/build.log)"
+if [ "$SECRETS" = 1 ]; then
+    docker/make-secrets.sh "$work/secrets" >/dev/null
+    export SMARTCACHE_SECRETS_DIR=$work/secrets
+    export COMPOSE_FILE=docker-compose.yml:docker/compose.secrets.yml
+    export SMARTCACHE_ENV=production SMARTCACHE_INSECURE=1
+    "${compose[@]}" config -q
+    say "secrets from files (docker/compose.secrets.yml); services in production mode"
+fi
+
+# --- build -----------------------------------------------------------------------
+say "compose files valid; building images (log $work/build.log)"
 b0=$(date +%s)
 if ! "${compose[@]}" build >"$work/build.log" 2>&1; then
     tail -60 "$work/build.log"
@@ -144,5 +171,6 @@ stack_up=1
 say "starting the stack (project $COMPOSE_PROJECT_NAME)"
 "${compose[@]}" up -d --no-build >"$work/up.log" 2>&1 || { cat "$work/up.log"; exit 1; }
 s0=$(date +%s)
-"$PY" -m pytest -p no:cacheprovider --durations=0 -rA docker/test_smoke.py
+# shellcheck disable=SC2086 # PYTEST_ARGS: words on purpose
+"$PY" -m pytest -p no:cacheprovider --durations=0 -rA ${PYTEST_ARGS:-} docker/test_smoke.py
 say "smoke suite passed in $(($(date +%s) - s0)) s (build $build_s s)"
