@@ -27,7 +27,7 @@ import structlog
 import zmq
 
 from service import __version__, logs
-from service.broker import Broker
+from service.broker import Broker, LocalWorker
 from service.config import Settings, unknown_variables
 from service.events import EventPublisher
 from service.handlers import Handler, plain
@@ -68,17 +68,19 @@ class Service:
             if settings.curve
             else None
         )
-        self.broker = Broker(
-            settings=settings,
-            context=self.context,
-            metrics=self.metrics,
-            local_workers=self.pool.local,
-            curve=self.curve,
-        )
         self.events = (
             EventPublisher(settings=settings, context=self.context, metrics=self.metrics, curve=self.curve)
             if settings.events_listen
             else None
+        )
+        # The event publisher shares the broker's loop with the worker slots when they do (no thread switch
+        # between the requests that write events and the reader that publishes them), else has a thread.
+        local: list[LocalWorker] = list(self.pool.local)
+        if self.events is not None and self.pool.local:
+            local.append(self.events)
+        self._events_on_broker = len(local) > len(self.pool.local)
+        self.broker = Broker(
+            settings=settings, context=self.context, metrics=self.metrics, local_workers=local, curve=self.curve
         )
         self.metrics_port = 0
 
@@ -94,14 +96,15 @@ class Service:
         self.pool.start()
         if self.curve is not None:
             self.curve.start()  # the ZAP handler answers before the client socket binds
-        if self.events is not None:
-            try:
-                self.events.start()  # the PUB socket (CURVE too when on), then the reader follows the leader
-            except zmq.ZMQError as e:
-                raise StartError(f"SMARTCACHE_EVENTS_LISTEN={s.events_listen}: {e.strerror}") from e
         try:
-            self.broker.start()
+            if self.events is not None and not self._events_on_broker:
+                self.events.start()  # the PUB socket (CURVE too when on), then the reader follows the leader
+            self.broker.start()  # with the publisher on its loop when the workers are there
+            if self.events is not None:
+                self.events.wait_bound()
         except zmq.ZMQError as e:
+            if self.events is not None and self.events.error is e:
+                raise StartError(f"SMARTCACHE_EVENTS_LISTEN={s.events_listen}: {e.strerror}") from e
             raise StartError(f"SMARTCACHE_LISTEN={s.listen}: {e.strerror}") from e
         log.info(
             "service_started",
@@ -166,7 +169,7 @@ class Service:
         self.pool.stop()  # 2. workers are idle now; close their storage connections
         self.pool.join(JOIN_MARGIN_S)
         if self.events is not None:
-            self.events.stop()  # 3. the reader and the PUB socket: independent of the drain, closed before term
+            self.events.stop()  # 3. the reader and the PUB socket (on the broker's loop: stopped with it already)
             self.events.join(JOIN_MARGIN_S)
         if self.curve is not None:
             self.curve.stop()  # its ZAP socket lives in our context

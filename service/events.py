@@ -63,6 +63,8 @@ STATS_INTERVAL_S = 5.0
 #: 100,000 events of about 150 bytes, 20 s at 5,000 events/s, about 15 MB per stalled subscriber
 SNDHWM = 100_000
 STOP_GRACE_S = 5.0
+#: how long start-up waits for the socket to be bound (its loop may start a moment later)
+BIND_TIMEOUT_S = 10.0
 SEQ = struct.Struct("!Q")
 HEARTBEAT_TOPIC = b""
 #: topics storage writes by itself; application topics (app.*) are one metric label
@@ -88,7 +90,13 @@ def heartbeat_frames(seq: int) -> list[bytes]:
 
 
 class EventPublisher:
-    """The reader and the PUB socket, on a thread with an event loop of its own (start, stop, join)."""
+    """The reader and the PUB socket.
+
+    ``run`` is a coroutine: the broker runs it on its own loop beside the worker slots
+    (``worker_threads = 0``, service/broker.py's LocalWorker: no GIL hand-off between the requests
+    that write events and the reader that publishes them), or ``start`` runs it on a thread of its
+    own (start, stop, join). Either way ``wait_bound`` reports whether the socket could be bound.
+    """
 
     def __init__(
         self, *, settings: Settings, context: zmq.Context[Any], metrics: Metrics, curve: Curve | None = None
@@ -110,26 +118,33 @@ class EventPublisher:
         self.cursor: int | None = None
         self._subscribers = 0
         self._labels: dict[str, Any] = {}
+        self._stop_asked = False
 
     def start(self) -> None:
-        """Bind the PUB socket (raises zmq.ZMQError if it cannot) and start reading."""
+        """On a thread of its own: bind the PUB socket (raises zmq.ZMQError if it cannot), then read."""
         self._thread.start()
-        self._bound.wait()
+        self.wait_bound()
+
+    def wait_bound(self, timeout_s: float = BIND_TIMEOUT_S) -> None:
+        """Until ``run`` has bound the socket, wherever it runs; raises zmq.ZMQError if it could not."""
+        if not self._bound.wait(timeout_s):
+            raise zmq.ZMQError(zmq.ETIMEDOUT, "the events socket was not bound in time")
         if self.error is not None:
-            self._thread.join()
             raise self.error
 
     def stop(self) -> None:
-        """Stop reading and close the socket; safe from any thread."""
+        """Stop reading and close the socket; safe from any thread, before or after ``run`` started."""
+        self._stop_asked = True
         if self._loop is not None and self._stopping is not None:
             with contextlib.suppress(RuntimeError):  # loop already closed
                 self._loop.call_soon_threadsafe(self._stopping.set)
 
     def join(self, timeout_s: float | None = None) -> None:
-        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        eventloop.run(self._main())
+        eventloop.run(self.run())
 
     def _bind(self) -> None:
         sock = self._ctx.socket(zmq.PUB)
@@ -148,15 +163,20 @@ class EventPublisher:
             raise
         self._sock = sock
 
-    async def _main(self) -> None:
+    async def run(self) -> None:
+        """Bind, then read and publish until ``stop``, on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        if self._stop_asked:
+            self._stopping.set()
         try:
             self._bind()
         except zmq.ZMQError as e:
             self.error = e
             self._bound.set()
+            if threading.current_thread() is not self._thread:
+                await self._stopping.wait()  # on the broker's loop: start-up fails (wait_bound), the broker lives on
             return
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
         self._bound.set()
         log.info("events_publishing", endpoint=self.endpoint)
         storage = Storage(settings=self._settings, metrics=self._metrics)
