@@ -2,8 +2,8 @@
 front servers subscribe to (issue 16).
 
 Storage keeps the log (lua/smartcache/events.lua): every change that matters
-writes its event in its own transaction, numbered by a gap-free sequence. This
-thread reads it from the leader with ``events_read``, which waits *inside*
+writes its event in its own transaction, numbered by a gap-free sequence. The
+publisher reads it from the leader with ``events_read``, which waits *inside*
 Tarantool on a fiber.cond until a commit (push: no polling, one round trip per
 batch), and publishes each event on ``SMARTCACHE_EVENTS_LISTEN`` in sequence
 order, three frames per event::
@@ -17,10 +17,13 @@ service) reads the missing events with ``EVENTS_READ`` from its last
 sequence: the ZeroMQ guide's Clone pattern, built into the client library
 (service/subscriber.py).
 
-The reader follows the leader like the workers do (service/storage.py: it asks
-every instance its role); after a failover it goes on from its last sequence on
-the new leader, which has every acknowledged event (synchronous partitions in
-HA), so the stream stays gap-free. It starts at the head: events committed
+It runs on the broker's event loop beside the worker slots (measured: p50 2.3
+against 2.5-4 ms, p90 6 against 8-13 ms with a thread of its own, at 5,000
+events/s written through the service: no GIL hand-off), or on a thread when
+the workers have threads. The reader follows the leader like the workers do
+(service/storage.py: it asks every instance its role); after a failover it
+goes on from its last sequence on the new leader, which has every acknowledged
+event (synchronous partitions in HA), so the stream stays gap-free. It starts at the head: events committed
 while no publisher ran are read by subscribers with EVENTS_READ, never
 replayed here.
 """
