@@ -161,7 +161,7 @@ fi
 build_s=$(($(date +%s) - b0))
 say "images built in $build_s s:"
 for image in $IMAGES; do
-    printf '  %-24s %6s MB  user %s\n' "$image:$SMARTCACHE_TAG" \
+    printf '  %-28s %6s MB  user %s\n' "$image:$SMARTCACHE_TAG" \
         "$(docker image inspect -f '{{.Size}}' "$image:$SMARTCACHE_TAG" | awk '{printf "%.0f", $1 / 1e6}')" \
         "$(docker image inspect -f '{{.Config.User}}' "$image:$SMARTCACHE_TAG")"
 done
