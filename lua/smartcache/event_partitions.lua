@@ -1,14 +1,14 @@
 -- Where the event log lives (smartcache.events): one space per UTC day,
 -- events_YYYYMMDD, created ahead and dropped whole after
 -- SC_EVENTS_RETENTION_DAYS by a fiber on the writable instance only (the
--- leader: no lock row, unlike the original's partition_update table), and the
--- two sc_meta rows that go with it:
+-- leader: no lock row, unlike the original's partition_update table).
 --
---   {'events_seq', last seq, its partition's day}  the gap-free counter, written
---                                                 in each event's transaction
---   {'events_floor', seq}                         the highest seq dropped with a
---                                                 partition: older cursors get
---                                                 CURSOR_TOO_OLD
+-- The sequence needs no counter row: the last event is the last tuple of the
+-- newest partition that has one (read inside the writer's transaction it
+-- includes events not committed yet, and a rollback takes them back with their
+-- tuples), and retention never drops that partition. One sc_meta row,
+-- {'events_floor', seq}, remembers the highest sequence dropped with a
+-- partition: older cursors get CURSOR_TOO_OLD.
 --
 -- Dropping a day is a few _space/_index deletes in one transaction; memtx frees
 -- the tuples in the background (measured: a million events, 0.2 ms, no stall
@@ -33,7 +33,6 @@ M.FORMAT = {
     {name = 'payload', type = 'any', is_nullable = true},
 }
 M.F = {seq = 1, time = 2, topic = 3, key = 4, payload = 5}
-M.META_SEQ = 'events_seq'
 M.META_FLOOR = 'events_floor'
 -- Partitions exist from today to this many days ahead.
 M.AHEAD_DAYS = 1
@@ -83,13 +82,35 @@ function M.create(day)
     return s
 end
 
--- The last sequence written and its partition's day (0, nil before the first event).
+-- The partition the last event went to, remembered (checked at each use: a rollback may have emptied it).
+local head_space = nil
+
+-- The last sequence written, committed or not, and its partition's day (the floor and nil
+-- while no event is kept).
 function M.head()
-    local t = box.space.sc_meta:get(M.META_SEQ)
-    if t == nil then
-        return 0, nil
+    local s = head_space
+    local top = s ~= nil and box.space[s.name] == s and s.index.primary:max() or nil
+    if top == nil then
+        local names = M.list()
+        for i = #names, 1, -1 do
+            s = box.space[names[i]]
+            top = s.index.primary:max()
+            if top ~= nil then
+                break
+            end
+        end
+        if top == nil then
+            head_space = nil
+            return M.floor(), nil
+        end
+        head_space = s
     end
-    return t[2], t[3]
+    return top[M.F.seq], s.name:sub(#M.PREFIX + 1)
+end
+
+-- An event went to this partition (smartcache.events).
+function M.wrote(s)
+    head_space = s
 end
 
 function M.floor()

@@ -7,9 +7,9 @@
 --     it reports (sessions, device, prewarm) and adds its event there: the
 --     event exists exactly when the change does. A change that fails writes
 --     no event; an event is never written for a change that did not happen.
---   * A sequence number, not a clock. Each event gets the next number of one
---     gap-free counter (sc_meta 'events_seq'), written in the same
---     transaction; a rolled-back transaction takes its number back with it.
+--   * A sequence number, not a clock. Each event gets the number after the
+--     last event's (the newest partition's last tuple, read in the same
+--     transaction); a rolled-back transaction takes its number back with it.
 --     Readers keep the last number they saw: a cursor. No clock agreement, no
 --     lag window, no de-duplication.
 --   * Readers see committed events only. On 2.6 a change waiting for its WAL
@@ -121,7 +121,7 @@ function M.write(topic, key, payload, always)
         partitions.counters.created_in_write = partitions.counters.created_in_write + 1
     end
     space:insert({seq, now, topic, key or '', payload})
-    box.space.sc_meta:replace({partitions.META_SEQ, seq, day})
+    partitions.wrote(space)
     track(seq, topic)
     return seq
 end
