@@ -93,6 +93,20 @@ def check_register(ops: Iterable[Op], finals: dict[str, tuple[int, list[int]] | 
         i = int(op.result) - 2
         if not 0 <= i < len(log) or log[i] != op.value:
             v.lost.append(op.value)
+    # Why an acknowledged update is missing: the acknowledged update of the next revision read another
+    # value at this revision (the revision was reused: the value it read was rolled back, an ABA).
+    by_rev = {(op.key, op.result): op for op in by[OK]}
+    v.anomaly(
+        "cas_matched_a_reused_revision",
+        sorted(
+            f"{op.value}@{op.result} overwritten by {nxt.value}, which read {nxt.meta.get('prev')}"
+            for op in by[OK]
+            if op.value in v.lost
+            and (nxt := by_rev.get((op.key, int(op.result) + 1))) is not None
+            and "prev" in nxt.meta
+            and nxt.meta["prev"] != op.value
+        ),
+    )
     in_logs = {x for f in finals.values() if f is not None for x in f[1]}
     v.anomaly("failed_but_in_chain", sorted(op.value for op in by[FAIL] if op.value in in_logs))
     for sid, final in finals.items():

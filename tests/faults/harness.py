@@ -11,6 +11,7 @@ happens, every process is stopped by its PID and every mount undone.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import signal
 import threading
@@ -51,7 +52,8 @@ EXT4_MB = 64
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 OPERATOR = ("operator", "operator")
 REJOIN_EXIT = 75
-SUPERVISOR_STARTS = 5
+SUPERVISOR_STARTS = 3
+REBUILD_START_S = 30.0
 
 
 @dataclass
@@ -171,7 +173,6 @@ class Run:
         """Start a stopped instance and wait until it follows, repairing it as the runbook says when it cannot:
         DIVERGED -> `cluster rejoin` (sc.rejoin, exit 75, started again empty); files it cannot recover from
         (it exits at start) -> the `sc_rejoin` marker by hand, started again. Returns how it came back."""
-        node = self.c.nodes[name]
         self.c.start_node(name)
         came = self._back(name, timeout_s)
         if came["role"] == "exited":
@@ -180,32 +181,49 @@ class Run:
             self._supervise(name, timeout_s)
             return "rebuilt"
         if came["role"] == "diverged":
-            self.note(f"{name} came back DIVERGED ({came.get('diverged')}); rebuilt with rejoin")
-            self.mark("rejoin", node=name)
-            conn = self.c.open_conn(name, 5.0, *OPERATOR)
-            try:
-                answer = conn.call("sc.rejoin", [None, came["instance_uuid"]]).data[0]
-            finally:
-                conn.close()
-            assert node.child.proc is not None
-            code = node.child.proc.wait(30)
-            self.check(f"{name} rebuilt by rejoin", answer.get("status") == "OK" and code == REJOIN_EXIT, f"{answer}")
-            self._supervise(name, timeout_s, marker=False)
+            self.rejoin(name, came, timeout_s)
             return "rejoined"
         return str(came["role"])
 
+    def rejoin(self, name: str, role: dict[str, Any], timeout_s: float = 60.0) -> None:
+        """A DIVERGED instance rebuilt as the runbook says: `cluster rejoin` (sc.rejoin as the operator; it
+        exits 75), then its supervisor starts it again and it joins the leader empty."""
+        node = self.c.nodes[name]
+        self.note(f"{name} DIVERGED ({role.get('diverged')}); rebuilt with rejoin")
+        self.mark("rejoin", node=name)
+        conn = self.c.open_conn(name, 5.0, *OPERATOR)
+        try:
+            answer = conn.call("sc.rejoin", [None, role["instance_uuid"]]).data[0]
+        finally:
+            conn.close()
+        assert node.child.proc is not None
+        code = node.child.proc.wait(30)
+        self.check(f"{name} rejoin accepted", answer.get("status") == "OK" and code == REJOIN_EXIT, f"{answer}")
+        self._supervise(name, timeout_s, marker=False)
+
+    def rejoin_if_diverged(self, name: str, timeout_s: float = 30.0) -> None:
+        """After a heal: until the instance follows, or rebuild it if it is DIVERGED."""
+        came = self._back(name, timeout_s)
+        if came["role"] == "diverged":
+            self.rejoin(name, came)
+
     def _supervise(self, name: str, timeout_s: float, *, marker: bool = True) -> None:
         """What a supervisor does for an instance being rebuilt: start it (with the rebuild marker) until it
-        follows, at most SUPERVISOR_STARTS times; each failed start is noted."""
+        follows, at most SUPERVISOR_STARTS times; a start that exits or hangs is noted (and a hung one stopped)."""
         node = self.c.nodes[name]
         for start in range(1, SUPERVISOR_STARTS + 1):
             if marker:
                 (node.data_dir / "sc_rejoin").touch()
             self.c.start_node(name)
-            if self._back(name, timeout_s)["role"] == "follower":
+            try:
+                role = self._back(name, min(timeout_s, REBUILD_START_S))["role"]
+            except AssertionError:
+                role = "hung"
+                node.child.stop(timeout_s=5)
+            if role == "follower":
                 self.check(f"{name} rebuilt and follows", True, f"start {start}")
                 return
-            self.note(f"{name}: rebuild start {start} failed: {self._fatal(name)}")
+            self.note(f"{name}: rebuild start {start} {role}: {self._fatal(name)}")
         self.check(f"{name} rebuilt and follows", False, f"{SUPERVISOR_STARTS} starts failed: {self._fatal(name)}")
         raise AssertionError(f"{name} could not be rebuilt")
 
@@ -351,6 +369,13 @@ class Run:
             checkers.check_counter(ops, counter),
             checkers.check_set(ops, cached, workload="cache"),
         ]
+        final = {
+            "leader": leader,
+            "register": finals,
+            "counter": counter,
+            "sessions": {n: len(x) for n, x in present.items()},
+        }
+        (self.base / "final.json").write_text(json.dumps(final, default=str) + "\n")
         acked = {op.value for op in ops if op.workload == "set" and op.outcome == OK}
         for n in others:
             missing = len(acked - present[n])

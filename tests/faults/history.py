@@ -46,6 +46,8 @@ class Op:
     result: Any = None
     error: str = ""
     attempts: list[Attempt] = field(default_factory=list)
+    #: what else the checker may use (register: "prev", the last op in the log this update read)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def write(self) -> bool:

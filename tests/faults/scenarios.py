@@ -21,7 +21,7 @@ from typing import Any
 
 from tests.faults.cluster import NODES, SERVICES, TTL_S, http_text, metric_value, until
 from tests.faults.disks import Ext4Loop, Tmpfs
-from tests.faults.harness import Run, Scenario, Setup
+from tests.faults.harness import OPERATOR, Run, Scenario, Setup
 from tests.faults.history import OK
 
 LIFETIME_S = 2.0  # the registry's lifetime of the session and counter types
@@ -167,8 +167,7 @@ def partition_leader_from_etcd(run: Run) -> None:
     run.sleep_until(t + 3 * TTL_S)
     run.mark("heal")
     run.net.heal()
-    came = run.c.wait_any_role(old, ("follower", "diverged"), 30)
-    run.check("the old leader follows after the heal", came["role"] == "follower", str(came["role"]))
+    run.rejoin_if_diverged(old)
     time.sleep(TTL_S)
 
 
@@ -198,9 +197,7 @@ def partition_leader_from_all(run: Run) -> None:
     run.sleep_until(t + 3 * TTL_S)
     run.mark("heal")
     run.net.heal()
-    came = run.c.wait_any_role(old, ("follower", "diverged"), 30)
-    if came["role"] == "diverged":
-        run.note(f"the old leader is DIVERGED after the heal ({came.get('diverged')})")
+    run.rejoin_if_diverged(old)
     time.sleep(TTL_S)
 
 
@@ -391,7 +388,8 @@ def memtx_full(run: Run) -> None:
 
 
 def rolling_restart(run: Run) -> None:
-    """What an upgrade does: every process restarted in turn, under load (followers, leader, etcd, services)."""
+    """What an upgrade does (README, "Adding a member"): followers restarted one by one, a switchover, the old
+    leader restarted, then etcd and the services one by one; all under load."""
     leader = run.leader()
     run.fault("rolling restart begins")
     for f in run.followers(leader):
@@ -399,9 +397,16 @@ def rolling_restart(run: Run) -> None:
         run.c.nodes[f].child.stop()
         run.restart_node(f)
         until(lambda f=f: True if run.c.caught_up(run.leader(), [f]) else None, 30, f"{f} caught up")
-    run.mark("restart the leader (SIGTERM: it steps down)", node=leader)
+    # the runbook: a switchover first, then the old leader restarts as a follower
+    conn = run.c.open_conn(leader, 15.0, *OPERATOR)
+    try:
+        answer = conn.call("sc.switchover", [None, None, 5000]).data[0]
+    finally:
+        conn.close()
+    run.mark("switchover", node=leader, status=answer.get("status"), pause_ms=answer.get("pause_ms"))
+    run.check("the switchover succeeds", answer.get("status") == "OK", str(answer))
+    run.mark("restart the old leader", node=leader)
     run.c.nodes[leader].child.stop()
-    run.mark("new leader", node=run.leader(exclude=(leader,)))
     run.restart_node(leader)
     run.mark("restart etcd")
     run.c.etcd.stop()

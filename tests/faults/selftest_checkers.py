@@ -57,6 +57,16 @@ def test_register_finds_an_acknowledged_write_overwritten_at_its_revision() -> N
     assert v.lost == [11]
 
 
+def test_register_explains_a_loss_by_a_revision_reused_after_a_rollback() -> None:
+    # 10 acknowledged at rev 2; 12 acknowledged at rev 3 had read 11 at rev 2 (a write rolled back later)
+    ops = _chain((10, 2), (12, 3), failed=(11,))
+    ops[1].meta["prev"] = 11
+    v = check_register(ops, {"s": (3, [11, 12])})
+    assert v.lost == [10]
+    assert v.anomalies["cas_matched_a_reused_revision"] == ["10@2 overwritten by 12, which read 11"]
+    assert v.anomalies["failed_but_in_chain"] == [11]
+
+
 def test_register_finds_two_acknowledged_writes_with_one_revision() -> None:
     v = check_register(_chain((10, 2), (11, 2)), {"s": (2, [11])})
     assert v.lost == [10]

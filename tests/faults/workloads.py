@@ -154,7 +154,9 @@ class RegisterWorker(Worker):
         self.settle(read, got)
         op_id = self.index * 1_000_000 + next(self.seq)
         op = self.op("register", sid, op_id)
-        body = {"data": {"log": [*got.body["data"]["log"], op_id]}, "expected_rev": got.body["rev"]}
+        log = got.body["data"]["log"]
+        op.meta["prev"] = log[-1] if log else None
+        body = {"data": {"log": [*log, op_id]}, "expected_rev": got.body["rev"]}
         reply = self.perform(client, op, "SESSION_UPDATE", body, session_id=uuid.UUID(sid))
         if reply is not None:
             op.result = reply.body.get("rev")
