@@ -465,21 +465,32 @@ def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
 
 
 def _wait_leader(instances: list[Tarantool], stop: threading.Event) -> Tarantool:
-    """Until etcd has elected one of the instances (each must be alive); returns it."""
+    """Until etcd has elected one instance and the others follow it (so a synchronous write finds its
+    quorum at once: the first write of the quick start must not wait for followers); returns the leader."""
     elected: list[Tarantool] = []
 
-    def one_leads() -> bool:
+    def formed() -> bool:
+        roles = {}
         for t in instances:
             if not t.alive():
-                raise NotReady(f"{t.name} exited before a leader was elected:\n{t.log_tail()}")
+                raise NotReady(f"{t.name} exited before the cluster formed:\n{t.log_tail()}")
             with contextlib.suppress(OSError, ValueError):
                 status, doc = http_get_json(t.http_url + "/health", timeout_s=1.0)
-                if status == 200 and doc.get("role") == "leader":
-                    elected[:] = [t]
-                    return True
-        return False
+                if status == 200:
+                    roles[t.name] = doc
+        leaders = [t for t in instances if roles.get(t.name, {}).get("role") == "leader"]
+        if len(leaders) != 1 or len(roles) != len(instances):
+            return False
+        followers = [roles[t.name] for t in instances if t is not leaders[0]]
+        following = all(
+            doc.get("role") == "follower" and any(r.get("upstream_status") == "follow" for r in doc["replication"])
+            for doc in followers
+        )
+        downstreams = sum(1 for r in roles[leaders[0].name]["replication"] if r.get("downstream_status") == "follow")
+        elected[:] = leaders
+        return following and downstreams == len(followers)
 
-    instances[0].wait_until("a leader elected by etcd", one_leads, READY_TIMEOUT_S, stop)
+    instances[0].wait_until("a leader elected by etcd, followed by the others", formed, READY_TIMEOUT_S, stop)
     return elected[0]
 
 
