@@ -80,6 +80,7 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
         addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
         user=os.environ.get("SMARTCACHE_OPERATOR_USER") or "operator",
         password=_secret("SMARTCACHE_OPERATOR_PASSWORD", "operator"),
+        timeout_s=a.timeout,  # per instance: a frozen one is reported unreachable, not waited for
     )
     try:
         if a.operation == "status":

@@ -32,7 +32,8 @@ class Access:
 
 
 @contextlib.contextmanager
-def _connect(access: Access, address: str) -> Iterator[tarantool.Connection]:
+def _connect(access: Access, address: str, answer_timeout_s: float | None = None) -> Iterator[tarantool.Connection]:
+    """A connection whose calls wait answer_timeout_s (default: the access timeout) for an answer."""
     host, _, port = address.rpartition(":")
     conn = tarantool.Connection(
         host,
@@ -41,7 +42,7 @@ def _connect(access: Access, address: str) -> Iterator[tarantool.Connection]:
         password=access.password,
         connect_now=False,
         connection_timeout=access.timeout_s,
-        socket_timeout=max(access.timeout_s, 65.0),  # a switchover waits for the candidate up to 60 s
+        socket_timeout=answer_timeout_s or access.timeout_s,
         reconnect_max_attempts=0,
         fetch_schema=False,
     )
@@ -52,8 +53,10 @@ def _connect(access: Access, address: str) -> Iterator[tarantool.Connection]:
         conn.close()
 
 
-def _call(access: Access, address: str, procedure: str, *args: Any) -> dict[str, Any]:
-    with _connect(access, address) as conn:
+def _call(
+    access: Access, address: str, procedure: str, *args: Any, answer_timeout_s: float | None = None
+) -> dict[str, Any]:
+    with _connect(access, address, answer_timeout_s) as conn:
         result: dict[str, Any] = conn.call(f"sc.{procedure}", [None, *args]).data[0]
         return result
 
@@ -99,7 +102,8 @@ def switchover(access: Access, candidate: str | None, timeout_ms: int) -> dict[s
     if now["leader"] is None:
         return {"status": "NO_LEADER", "message": "no instance leads now: nothing to hand over", **now}
     uuid = find(access, candidate)["instance_uuid"] if candidate else None
-    result = _call(access, now["leader"], "switchover", uuid, timeout_ms)
+    # the leader answers once the candidate has taken over or timeout_ms has passed
+    result = _call(access, now["leader"], "switchover", uuid, timeout_ms, answer_timeout_s=timeout_ms / 1000 + 5)
     return {"from": now["leader"], **result}
 
 
@@ -108,5 +112,5 @@ def rejoin(access: Access, instance: str, *, force: bool) -> dict[str, Any]:
     target = find(access, instance)
     if not target.get("reachable"):
         return {"status": "UNREACHABLE", "address": target["address"], "message": target.get("error")}
-    result = _call(access, target["address"], "rejoin", target["instance_uuid"], force)
+    result = _call(access, target["address"], "rejoin", target["instance_uuid"], force, answer_timeout_s=30.0)
     return {"address": target["address"], **result}

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
 from service.devstack import Tarantool
 
 
-def _cli(*args: str) -> tuple[int, dict]:
+def _cli(*args: str, timeout_s: float | None = None) -> tuple[int, dict]:
+    before = ["--timeout", str(timeout_s)] if timeout_s else []
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "cluster", *args], check=False, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "service.cli", *before, "cluster", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return out.returncode, json.loads(out.stdout)
 
@@ -44,3 +51,19 @@ def test_switchover_and_rejoin_say_plainly_that_failover_is_not_configured(
     rc, doc = _cli("--tarantool", f"{master.address},{replica.address}", "rejoin", "no-such-instance")
     assert rc == 2
     assert doc["error"] == "NOT_FOUND"
+
+
+def test_status_reports_a_frozen_instance_as_unreachable_instead_of_waiting_for_it(
+    storage_pair_fresh: tuple[Tarantool, Tarantool],
+) -> None:
+    master, replica = storage_pair_fresh
+    os.kill(replica.pid, signal.SIGSTOP)  # the kernel still accepts connections; nothing answers
+    try:
+        rc, doc = _cli("--tarantool", f"{master.address},{replica.address}", "status", timeout_s=1)
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    assert rc == 1  # not healthy: one instance cannot be asked
+    assert doc["leader"] == master.address
+    frozen = doc["instances"][1]
+    assert frozen["reachable"] is False
+    assert frozen["error"]  # a timeout or a reset, whichever the connector meets first
