@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--rate", type=float, default=5000.0, help="events per second, latency and restart runs")
     e.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     e.add_argument("--inflight", type=int, default=128, help="requests in flight, session throughput runs")
-    e.add_argument("--rounds", type=int, default=2, help="off/on pairs of the throughput comparison")
+    e.add_argument("--rounds", type=int, default=3, help="throughput rounds (off, on, on without a subscriber)")
     e.add_argument("--drop-events", type=int, default=1_000_000, help="events in the partition dropped")
     e.add_argument("--readers", type=int, default=1000, help="EVENTS_READ waiting at once")
     e.add_argument("--json", default="var/events.json")

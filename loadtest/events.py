@@ -28,6 +28,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -134,6 +135,14 @@ def _subscribe(where: tuple[str, str, str, int | None, str], ready: Any) -> None
                 os.write(fd, f"{e.seq} {time.time() * 1000 - e.time_ms:.3f}\n".encode())
 
 
+def _follow(endpoint: str, publishers: str, topic: str, ready: Any) -> None:
+    """A front server's share of the work: follow `topic` and drop each event (no I/O per event)."""
+    with Client(endpoint, timeout_s=5) as c, c.subscribe([topic], None, publishers=publishers) as sub:
+        ready.set()
+        while True:
+            sub.poll(3600)
+
+
 def _lines(path: Path) -> list[tuple[int, float]]:
     if not path.exists():
         return []
@@ -152,10 +161,12 @@ class Subscriber:
         self.ctx = mp.get_context("spawn")
         self.proc: Any = None
 
-    def start(self, from_seq: int | None) -> None:
+    def start(self, from_seq: int | None, *, record: bool = True) -> None:
+        """record=False: follow without writing anything per event (the throughput rows)."""
         ready = self.ctx.Event()
         where = (self.sut.endpoint, self.sut.events_endpoint, self.topic, from_seq, str(self.path))
-        self.proc = self.ctx.Process(target=_subscribe, args=(where, ready), daemon=True)
+        target, args = (_subscribe, (where, ready)) if record else (_follow, (*where[:3], ready))
+        self.proc = self.ctx.Process(target=target, args=args, daemon=True)
         self.proc.start()
         if not ready.wait(30):
             raise TimeoutError("subscriber not ready")
@@ -251,17 +262,21 @@ def restart(sut: ServiceUnderTest, rate: float, duration_s: float, base: Path) -
 
 
 def throughput(duration_s: float, inflight: int, rounds: int) -> dict[str, Any]:
-    """Alternate events off / on (fresh stacks), `rounds` times each; the mean of each side."""
-    rows: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    """Alternate events off / on / on without a subscriber here (fresh stacks), `rounds` times each.
+
+    on: storage writes events, the service publishes them, and a subscriber process (the client
+    library, as a front server runs it) follows every session event on this machine's cores too;
+    on_no_subscriber: the same without it (a front server elsewhere)."""
+    rows: dict[str, list[dict[str, Any]]] = {"off": [], "on": [], "on_no_subscriber": []}
     for _ in range(rounds):
-        for mode in ("off", "on"):
+        for mode, done in rows.items():
             tarantool_env = {**WAL_WRITE, **({"SC_EVENTS": "false"} if mode == "off" else {})}
             service_env = {"SMARTCACHE_EVENTS_LISTEN": "none"} if mode == "off" else {}
             with stack(service_env, tarantool_env) as (_, sut):
                 sub = None
-                if mode == "on":  # a front server follows the stream, as in production
+                if mode == "on":
                     sub = Subscriber(sut, "session.", Path(tempfile.mkdtemp()) / "sessions.txt")
-                    sub.start(None)
+                    sub.start(None, record=False)
                 try:
                     job = Job(endpoint=sut.endpoint, scenario="session", duration_s=duration_s, inflight=inflight)
                     rep = runner.run(job, 2, label=f"session W={inflight} events {mode}")
@@ -269,15 +284,19 @@ def throughput(duration_s: float, inflight: int, rounds: int) -> dict[str, Any]:
                     if sub is not None:
                         sub.kill()
                 print(format_line(rep), flush=True)
-                rows[mode].append(rep)
-    mean = {m: sum(r["throughput_rps"] for r in rs) / len(rs) for m, rs in rows.items()}
+                done.append(rep)
+
+    def ratio(mode: str) -> float:
+        """The median over rounds of (mode / off, same round): rows a few seconds apart share the machine's state."""
+        pairs = sorted(a["throughput_rps"] / b["throughput_rps"] for a, b in zip(rows[mode], rows["off"], strict=True))
+        return round(float(statistics.median(pairs)), 3)
+
     return {
         "inflight": inflight,
-        "off_rps": [r["throughput_rps"] for r in rows["off"]],
-        "on_rps": [r["throughput_rps"] for r in rows["on"]],
-        "ratio_on_to_off": round(mean["on"] / mean["off"], 3),
-        "on_p99_ms": [r["latency"]["p99_ms"] for r in rows["on"]],
-        "off_p99_ms": [r["latency"]["p99_ms"] for r in rows["off"]],
+        **{f"{m}_rps": [r["throughput_rps"] for r in rs] for m, rs in rows.items()},
+        **{f"{m}_p99_ms": [r["latency"]["p99_ms"] for r in rs] for m, rs in rows.items()},
+        "ratio_on_to_off": ratio("on"),
+        "ratio_on_no_subscriber_to_off": ratio("on_no_subscriber"),
     }
 
 
@@ -301,7 +320,6 @@ def waiting_readers(sut: ServiceUnderTest, readers: int, wait_ms: int) -> dict[s
         c = AsyncClient(sut.endpoint, timeout_s=wait_ms / 1000 + 5)
         head = (await c.call("EVENTS_READ")).body["head_seq"]
         body = {"after_seq": head, "topics": ["app.wake"], "wait_ms": wait_ms}
-        started = time.monotonic()
         outcomes: dict[str, int] = {}
         woken: list[float] = []
         published_at: list[float] = []
@@ -317,17 +335,19 @@ def waiting_readers(sut: ServiceUnderTest, readers: int, wait_ms: int) -> dict[s
             if got == "event" and published_at:
                 woken.append(time.monotonic() - published_at[0])
 
-        async def sessions() -> list[float]:
+        async def sessions(until: float) -> list[float]:
             lat = []
-            while time.monotonic() - started < wait_ms / 1000 + 1:
+            while time.monotonic() < until:
                 t0 = time.monotonic()
                 await c.call("SESSION_CREATE", {"client_id": "client-waiters"})
                 lat.append(time.monotonic() - t0)
                 await asyncio.sleep(0.005)
             return lat
 
+        alone = sorted(await sessions(time.monotonic() + 2))  # the same without waiting readers, first
+        started = time.monotonic()
         tasks = [asyncio.ensure_future(reader()) for _ in range(readers)]
-        lat_task = asyncio.ensure_future(sessions())
+        lat_task = asyncio.ensure_future(sessions(started + wait_ms / 1000 + 1))
         await asyncio.sleep(1.0)
         published_at.append(time.monotonic())
         await c.call("EVENT_PUBLISH", {"topic": "app.wake", "payload": {}})
@@ -343,6 +363,8 @@ def waiting_readers(sut: ServiceUnderTest, readers: int, wait_ms: int) -> dict[s
             "session_create_p50_ms": round(percentile(lat, 50) * 1000, 2),
             "session_create_p99_ms": round(percentile(lat, 99) * 1000, 2),
             "session_create_max_ms": round(lat[-1] * 1000, 2),
+            "session_create_alone_p50_ms": round(percentile(alone, 50) * 1000, 2),
+            "session_create_alone_p99_ms": round(percentile(alone, 99) * 1000, 2),
         }
 
     return asyncio.run(main())
@@ -405,7 +427,8 @@ def run(
     print(
         f"3. session scenario W={tp['inflight']}: events on {tp['on_rps']} vs off {tp['off_rps']} requests/s, "
         f"ratio {tp['ratio_on_to_off']} (target >= {TARGET_THROUGHPUT_RATIO}: "
-        f"{'met' if s['target_throughput_met'] else 'NOT met'})"
+        f"{'met' if s['target_throughput_met'] else 'NOT met'}); without the subscriber on these cores "
+        f"{tp['on_no_subscriber_rps']}, ratio {tp['ratio_on_no_subscriber_to_off']}"
     )
     print(
         f"4. drop of a day of {dr['events']:,} events: {dr['drop_ms']:.2f} ms (maintenance round "
@@ -418,7 +441,8 @@ def run(
     print(
         f"5. {wr['readers']} waiting EVENTS_READ: {wr['outcomes']}; woken p50 {wr['woken_p50_ms']} ms, last "
         f"{wr['woken_max_ms']} ms after the event; SESSION_CREATE meanwhile p50 {wr['session_create_p50_ms']} ms, "
-        f"p99 {wr['session_create_p99_ms']} ms"
+        f"p99 {wr['session_create_p99_ms']} ms (alone just before: p50 {wr['session_create_alone_p50_ms']} ms, "
+        f"p99 {wr['session_create_alone_p99_ms']} ms)"
     )
     with contextlib.suppress(OSError):
         for f in base.iterdir():
