@@ -373,6 +373,8 @@ def memtx_full(run: Run) -> None:
         alarm is not None and alarm <= ALARM_BOUND_S,
         f"{alarm:.2f} s, memtx used ratio {ratio}" if alarm is not None else f"none, memtx used ratio {ratio}",
     )
+    health = http_text(run.c.nodes[leader].http_url + "/health") or ""
+    run.note(f"the leader's /health when memtx was full: {health[:600]}")
     expiry = last_put + FILL_TTL_S
     run.sleep_until(full + 2.0)
     answers = _write_answers(run, full, run.now())
