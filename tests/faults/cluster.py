@@ -171,7 +171,7 @@ class Cluster:
             data_dir=self.base / "etcd.data",
             ip=ip,
         )
-        env = ha_env(self.etcd, f"faults{random.randrange(1 << 30)}")  # type: ignore[arg-type]
+        env = ha_env(self.etcd, f"faults{random.randrange(1 << 30)}")  # NsEtcd is an Etcd
         env["SC_LEADER_TTL_S"] = str(TTL_S)
         tarantool_bin = shutil.which("tarantool") or "tarantool"
         for name in NODES:

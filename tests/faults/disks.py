@@ -33,6 +33,23 @@ def mounted(path: Path) -> bool:
     return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
 
 
+def cleanup_stale(base: Path) -> list[str]:
+    """Unmount what a crashed run left mounted under base, and detach its loop devices; what was undone."""
+    undone = []
+    for line in Path("/proc/mounts").read_text().splitlines():
+        target = line.split()[1]
+        if target.startswith(str(base) + "/"):
+            subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+            undone.append(target)
+    listing = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False).stdout
+    for line in listing.splitlines():
+        device, _, rest = line.partition(":")
+        if f"({base}/" in rest:
+            subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
+            undone.append(device)
+    return undone
+
+
 class Tmpfs:
     def __init__(self, mountpoint: Path, size_mb: int) -> None:
         self.mountpoint = mountpoint

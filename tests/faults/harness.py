@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.netns import Network
-from tests.faults import checkers
+from tests.faults import checkers, disks
 from tests.faults.checkers import SYNC_WORKLOADS, Verdict
 from tests.faults.cluster import NODES, TTL_S, Cluster, until
 from tests.faults.disks import Ext4Loop, Tmpfs
@@ -261,6 +261,8 @@ class Run:
             if n in self.disks:
                 data_dirs[n] = self.disks[n].mountpoint / "data"
             if setup.faketime:
+                if not Path(FAKETIME_LIB).exists():
+                    raise RuntimeError(f"{FAKETIME_LIB} missing: apt-get install faketime (make test-faults does)")
                 clock = self.base / f"{n}.faketime"
                 clock.write_text("+0\n")
                 node_env[n] |= {
@@ -464,8 +466,9 @@ class Run:
 
 def execute(scenario: Scenario, base: Path, net: Network) -> dict[str, Any]:
     """Run one scenario from a fresh cluster to its verdict; never raises (a crash is a failed check)."""
+    disks.cleanup_stale(base)
     shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(parents=True)
+    base.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     run = Run(scenario, base, net)
     try:

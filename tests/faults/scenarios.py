@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from functools import partial
 from typing import Any
 
 from tests.faults.cluster import NODES, SERVICES, TTL_S, http_text, metric_value, until
@@ -389,6 +390,10 @@ def memtx_full(run: Run) -> None:
 # -- operations ----------------------------------------------------------------------
 
 
+def _caught_up(run: Run, node: str) -> bool | None:
+    return True if run.c.caught_up(run.leader(), [node]) else None
+
+
 def rolling_restart(run: Run) -> None:
     """What an upgrade does (README, "Adding a member"): followers restarted one by one, a switchover, the old
     leader restarted, then etcd and the services one by one; all under load."""
@@ -398,7 +403,7 @@ def rolling_restart(run: Run) -> None:
         run.mark("restart", node=f)
         run.c.nodes[f].child.stop()
         run.restart_node(f)
-        until(lambda f=f: True if run.c.caught_up(run.leader(), [f]) else None, 30, f"{f} caught up")
+        until(partial(_caught_up, run, f), 30, f"{f} caught up")
     # the runbook: a switchover first, then the old leader restarts as a follower
     conn = run.c.open_conn(leader, 15.0, *OPERATOR)
     try:
@@ -422,6 +427,13 @@ def rolling_restart(run: Run) -> None:
     time.sleep(TTL_S)
 
 
+def _clock_ahead_s(run: Run, node: str, at_least_s: float) -> float | None:
+    """How far the instance's wall clock (sc.ping time_ms) is ahead of ours, once it is at least at_least_s."""
+    r = run.c.call(node, "ping")
+    ahead = None if r is None else r["time_ms"] / 1000 - time.time()
+    return ahead if ahead is not None and ahead >= at_least_s else None
+
+
 def clock_jump(run: Run) -> None:
     """The leader's wall clock jumps 10 minutes ahead, then back; the lease runs on the monotonic clock."""
     leader = run.leader()
@@ -429,6 +441,8 @@ def clock_jump(run: Run) -> None:
     clock = run.base / f"{leader}.faketime"
     t = run.fault("the leader's wall clock jumps +600 s", node=leader)
     clock.write_text("+600\n")
+    ahead = until(partial(_clock_ahead_s, run, leader, 500), 5, "the leader's clock 600 s ahead")
+    run.check("the leader's wall clock is 600 s ahead (libfaketime works)", 590 < ahead < 610, f"{ahead:.1f} s")
     run.sleep_until(t + 3 * TTL_S)
     back = run.mark("the leader's wall clock jumps back 600 s", node=leader)
     clock.write_text("+0\n")
