@@ -48,8 +48,22 @@ local ha = failover.settings_from_env(util)
 -- not be fsynced. Standalone: the only copy is this disk, so fsync by default.
 local wal_mode = util.env_string('SC_WAL_MODE', ha and 'write' or 'fsync')
 local sync = env_bool('SC_SYNC', ha ~= nil)
-local SYNC_SPACES = {'sessions', 'device', 'idempotency', 'counters', 'registers', 'sequences', 'semaphore_holders',
-                     'latches', 'queue_tasks'}
+-- Writes of the data spaces (quorum.GUARDED, events partitions) are
+-- synchronous through sc_quorum, not through is_sync on the spaces themselves
+-- (smartcache.quorum says why).
+local quorum = require('smartcache.quorum')
+quorum.enable(sync)
+local function guarded_name(space_name)
+    for _, n in ipairs(quorum.GUARDED) do
+        if n == space_name then
+            return true
+        end
+    end
+    return space_name:match('^events_%d%d%d%d%d%d%d%d$') ~= nil
+end
+local function guard_all()
+    return quorum.guard_all(require('smartcache.event_partitions').list())
+end
 
 local function creds(uri)
     return string.format('%s:%s@%s', replication_user, replication_password, uri)
@@ -109,22 +123,6 @@ local function ensure_user(user, password)
     end
 end
 
-local function apply_sync()
-    for _, space_name in ipairs(SYNC_SPACES) do
-        local s = box.space[space_name]
-        if s ~= nil and (s.is_sync == true) ~= sync then
-            -- Tarantool 2.6.0 has no space:alter(): change the flags in _space.
-            local flags = {}
-            for k, v in pairs(box.space._space:get(s.id)[6] or {}) do
-                flags[k] = v
-            end
-            flags.is_sync = sync
-            box.space._space:update(s.id, {{'=', 6, flags}})
-            log.info('space %s: is_sync = %s', space_name, tostring(sync))
-        end
-    end
-end
-
 local function admin_setup()
     local schema = require('smartcache.schema')
     local api = require('smartcache.api')
@@ -136,7 +134,8 @@ local function admin_setup()
     box.schema.user.grant(service_user, api.ROLE, nil, nil, {if_not_exists = true})
     ensure_user(operator_user, operator_password)
     box.schema.user.grant(operator_user, api.OPERATOR_ROLE, nil, nil, {if_not_exists = true})
-    apply_sync()
+    quorum.clear_sync_flags()
+    guard_all()
 end
 
 local function has_data()
@@ -210,6 +209,9 @@ local function plan_empty_start(client, keys)
     end
 end
 
+-- Data of an earlier version may hold synchronous rows in its snapshot.
+local end_recovery = quorum.strip_on_recovery()
+
 local inst
 if ha == nil then
     -- Standalone, or the legacy master/replica pair.
@@ -276,6 +278,10 @@ else
     end
     failover.install(inst, util)
 end
+
+end_recovery()
+quorum.watch_new_spaces(guarded_name)
+guard_all()
 
 -- Defines the procedures (global table sc) on every instance; registered (_func) by the writable one.
 require('smartcache.api')

@@ -8,7 +8,7 @@ local log = require('log')
 local M = {}
 
 -- Bump when a migration is added; stored in space sc_meta under 'schema_version'.
-M.VERSION = 3
+M.VERSION = 4
 
 M.FORMAT = {
     sc_meta = {
@@ -176,6 +176,12 @@ migrations[3] = function()
 
     box.schema.sequence.create('sc_fence', {if_not_exists = true})
     box.schema.sequence.create('sc_task_id', {if_not_exists = true})
+end
+
+-- Version 4: sc_quorum, the always-empty synchronous space that makes the
+-- writes of the data spaces synchronous (smartcache.quorum).
+migrations[4] = function()
+    require('smartcache.quorum').create_space()
 end
 
 function M.current_version()

@@ -43,6 +43,7 @@ function M.stats()
         replication = M.replication(),
         now_ms = util.now_ms(),
         coordination = require('smartcache.coordination').stats(),
+        synchronous = require('smartcache.quorum').stats(),
     })
 end
 

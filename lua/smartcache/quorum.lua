@@ -1,0 +1,202 @@
+-- Synchronous writes without synchronous rows at rest.
+--
+-- Tarantool 2.6.0 cannot recover a snapshot that holds rows of a synchronous
+-- space (tarantool#5298, fixed in 2.6.1): each such row waits in the limbo for
+-- a CONFIRM that a snapshot never has, and box.cfg dies with "transaction
+-- rolled back during snapshot recovery" after replication_synchro_timeout. A
+-- restart after the first checkpoint, or a replica joining from a snapshot,
+-- would fail.
+--
+-- So no data space is synchronous. One space is, sc_quorum, and it is always
+-- empty: every write to a guarded space also inserts and deletes the same key
+-- of sc_quorum in its own transaction (an on_replace trigger). A transaction
+-- that touches a synchronous space is synchronous as a whole: it commits when a
+-- quorum has it, a timeout or a ROLLBACK takes all of it back, on the leader,
+-- on the followers and in recovery from the WAL (the CONFIRM/ROLLBACK rows are
+-- there). Snapshots and joins see sc_quorum empty: nothing to wait for.
+--
+-- The trigger does nothing where the rows come from replication (the leader's
+-- transaction carries its own pair of rows) and costs two small WAL rows per
+-- guarded statement.
+--
+-- Data written by an earlier version, with is_sync on data spaces, recovers
+-- too: strip_on_recovery() removes the flag from those spaces' definitions as
+-- they are read (the leader then writes the definitions without it).
+local log = require('log')
+
+local M = {}
+
+M.SPACE = 'sc_quorum'
+M.KEY = 1
+
+-- Spaces whose writes must be on a quorum before they are acknowledged. The
+-- cache and prewarm spaces are not: losing them costs a reload from the core.
+M.GUARDED = {'sessions', 'device', 'idempotency', 'counters', 'registers', 'sequences', 'semaphore_holders',
+             'latches', 'queue_tasks'}
+-- Besides these, every events partition (smartcache.event_partitions guards its own).
+
+M.enabled = false
+local guarded_ids = {}
+
+local function touch()
+    if box.session.type() == 'applier' then
+        return  -- replicated: the leader's transaction has its own sc_quorum rows
+    end
+    local q = box.space[M.SPACE]
+    q:insert({M.KEY})
+    q:delete({M.KEY})
+end
+
+-- The schema (smartcache.schema, migration 4) creates the space; this is its definition.
+function M.create_space()
+    local q = box.schema.space.create(M.SPACE, {is_sync = true, if_not_exists = true,
+                                                 format = {{name = 'key', type = 'unsigned'}}})
+    q:create_index('primary', {parts = {'key'}, if_not_exists = true})
+end
+
+-- Make every write to space s synchronous (idempotent; no-op unless enabled).
+function M.guard(s)
+    if not M.enabled or s == nil or guarded_ids[s.id] == s then
+        return
+    end
+    for _, t in ipairs(s:on_replace()) do
+        if t == touch then
+            guarded_ids[s.id] = s
+            return
+        end
+    end
+    s:on_replace(touch)
+    guarded_ids[s.id] = s
+end
+
+-- Guard every listed space that exists, and more (events partitions) by name pattern.
+function M.guard_all(extra_names)
+    if not M.enabled then
+        return 0
+    end
+    local n = 0
+    for _, name in ipairs(M.GUARDED) do
+        if box.space[name] ~= nil then
+            M.guard(box.space[name])
+            n = n + 1
+        end
+    end
+    for _, name in ipairs(extra_names or {}) do
+        if box.space[name] ~= nil then
+            M.guard(box.space[name])
+            n = n + 1
+        end
+    end
+    return n
+end
+
+-- Guard each space created from now on whose name wanted(name) accepts, once
+-- its creation commits (on the leader and, through replication, on followers).
+function M.watch_new_spaces(wanted)
+    box.space._space:on_replace(function(old, new)
+        if old == nil and new ~= nil and M.enabled and wanted(new[3]) then
+            local name = new[3]
+            box.on_commit(function()
+                M.guard(box.space[name])
+            end)
+        end
+    end)
+end
+
+-- Is s guarded? (the tests and /health ask)
+function M.is_guarded(s)
+    if s == nil then
+        return false
+    end
+    for _, t in ipairs(s:on_replace()) do
+        if t == touch then
+            return true
+        end
+    end
+    return false
+end
+
+-- For sc.stats: on or off, the guarded spaces, and rows in sc_quorum (always 0
+-- between transactions; anything else is a bug).
+function M.stats()
+    local names = {}
+    for id in pairs(guarded_ids) do
+        local now = box.space[id]
+        if now ~= nil and M.is_guarded(now) then
+            table.insert(names, now.name)
+        end
+    end
+    table.sort(names)
+    local q = box.space[M.SPACE]
+    return {enabled = M.enabled, guarded = names, quorum_rows = q and q:len() or box.NULL}
+end
+
+-- Turn synchronous writes on (HA with SC_SYNC). Before box.cfg: only records it.
+function M.enable(on)
+    M.enabled = on and true or false
+end
+
+-- Before box.cfg: drop is_sync from every user space but sc_quorum as its
+-- definition is read from the snapshot, the WAL or the leader's join, so a
+-- data directory of an earlier version recovers. Returns the function that
+-- removes the hook (call it once box.cfg has returned).
+function M.strip_on_recovery()
+    local stripped = {}
+    local function strip(_, new)
+        if new == nil or new[1] < 512 or new[3] == M.SPACE then
+            return new
+        end
+        local flags = new[6]
+        if type(flags) ~= 'table' or flags.is_sync ~= true then
+            return new
+        end
+        local copy = {}
+        for k, v in pairs(flags) do
+            copy[k] = v
+        end
+        copy.is_sync = nil
+        stripped[new[3]] = true
+        return new:update({{'=', 6, setmetatable(copy, {__serialize = 'map'})}})
+    end
+    box.ctl.on_schema_init(function()
+        box.space._space:before_replace(strip)
+    end)
+    return function()
+        if box.space._space ~= nil then
+            pcall(box.space._space.before_replace, box.space._space, nil, strip)
+        end
+        local names = {}
+        for name in pairs(stripped) do
+            table.insert(names, name)
+        end
+        if #names > 0 then
+            table.sort(names)
+            log.warn('recovery: is_sync taken off %s (written by an earlier version; sc_quorum makes '
+                .. 'their writes synchronous now)', table.concat(names, ', '))
+        end
+        return names
+    end
+end
+
+-- On the writable instance: data spaces of an earlier version lose is_sync in
+-- _space for good (Tarantool 2.6.0 has no space:alter()).
+function M.clear_sync_flags()
+    local ids = {}
+    for _, t in box.space._space:pairs({512}, {iterator = 'GE'}) do
+        if t[3] ~= M.SPACE and type(t[6]) == 'table' and t[6].is_sync == true then
+            table.insert(ids, t[1])
+        end
+    end
+    for _, id in ipairs(ids) do
+        local flags = {}
+        for k, v in pairs(box.space._space:get(id)[6]) do
+            flags[k] = v
+        end
+        flags.is_sync = nil
+        local t = box.space._space:update(id, {{'=', 6, setmetatable(flags, {__serialize = 'map'})}})
+        log.info('space %s: is_sync off (sc_quorum makes its writes synchronous)', t[3])
+    end
+    return #ids
+end
+
+return M

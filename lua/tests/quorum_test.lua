@@ -1,0 +1,86 @@
+#!/usr/bin/env tarantool
+-- smartcache.quorum: guarded spaces' writes are synchronous through sc_quorum,
+-- which stays empty. A quorum of 2 with no replica makes every synchronous
+-- commit time out, so a guarded write must fail and leave nothing behind.
+-- Runnable alone: `cd lua && tarantool tests/quorum_test.lua`.
+local tap = require('tap')
+local fio = require('fio')
+
+local here = fio.dirname(fio.abspath(debug.getinfo(1, 'S').source:sub(2)))
+package.path = fio.dirname(here) .. '/?.lua;' .. package.path
+local helper = require('tests.helper')
+local quorum = require('smartcache.quorum')
+
+helper.start()
+quorum.enable(true)
+quorum.guard_all()
+
+local test = tap.test('quorum')
+test:plan(5)
+
+local function without_quorum(fn)
+    box.cfg({replication_synchro_quorum = 2, replication_synchro_timeout = 0.2})
+    local ok, err = pcall(fn)
+    box.cfg({replication_synchro_quorum = 1})
+    return ok, err
+end
+
+test:test('every guarded space is guarded; the cache is not', function(t)
+    t:plan(#quorum.GUARDED + 2)
+    for _, name in ipairs(quorum.GUARDED) do
+        t:ok(quorum.is_guarded(box.space[name]), name .. ' guarded')
+    end
+    t:ok(not quorum.is_guarded(box.space.cache), 'cache not guarded')
+    t:is(box.space.sessions.is_sync, false, 'no data space is synchronous itself')
+end)
+
+test:test('a guarded write without its quorum rolls back, with the rest of its transaction', function(t)
+    t:plan(5)
+    local before = box.space.sessions:len()
+    local ok, err = without_quorum(function()
+        box.atomic(function()
+            box.space.counters:replace({'q-test', 1, 1, 0, 0})
+            _G.sc.session_create(nil, nil, 'client-q', nil, 60, {})
+        end)
+    end)
+    t:ok(not ok, 'the commit failed')
+    t:like(tostring(err), 'Quorum collection', 'for want of a quorum')
+    t:is(box.space.sessions:len(), before, 'no session left behind')
+    t:is(box.space.counters:get('q-test'), nil, 'nor the counter')
+    t:is(box.space.sc_quorum:len(), 0, 'sc_quorum is empty')
+end)
+
+test:test('a write of an unguarded space commits without a quorum', function(t)
+    t:plan(2)
+    local ok = without_quorum(function()
+        box.space.sc_meta:replace({'quorum-test', 1})
+    end)
+    t:ok(ok, 'committed')
+    t:is(box.space.sc_meta:get('quorum-test')[2], 1, 'and is there')
+    box.space.sc_meta:delete('quorum-test')
+end)
+
+test:test('with its quorum a guarded write commits and sc_quorum stays empty', function(t)
+    t:plan(3)
+    local r = _G.sc.session_create(nil, nil, 'client-q', nil, 60, {})
+    t:is(r.status, 'OK', 'created')
+    t:ok(box.space.sessions:get(r.session_id) ~= nil, 'stored')
+    t:is(box.space.sc_quorum:len(), 0, 'sc_quorum is empty')
+end)
+
+test:test('a space created later under a watched name is guarded once its creation commits', function(t)
+    t:plan(3)
+    quorum.watch_new_spaces(function(name)
+        return name == 'quorum_watched'
+    end)
+    local s = box.schema.space.create('quorum_watched')
+    s:create_index('primary')
+    t:ok(quorum.is_guarded(box.space.quorum_watched), 'guarded')
+    t:ok(not without_quorum(function()
+        box.space.quorum_watched:replace({1})
+    end), 'its write needs a quorum')
+    t:is(box.space.quorum_watched:len(), 0, 'and rolled back without one')
+    box.space.quorum_watched:drop()
+end)
+
+helper.finish(test)
