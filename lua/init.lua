@@ -134,6 +134,8 @@ local function admin_setup()
     box.schema.user.grant(service_user, api.ROLE, nil, nil, {if_not_exists = true})
     ensure_user(operator_user, operator_password)
     box.schema.user.grant(operator_user, api.OPERATOR_ROLE, nil, nil, {if_not_exists = true})
+    -- An instance about to join asks the leader to hold writes (smartcache.failover: join_hold).
+    box.schema.user.grant(replication_user, 'execute', 'function', 'sc.join_hold', {if_not_exists = true})
     quorum.clear_sync_flags()
     guard_all()
 end
@@ -212,6 +214,26 @@ end
 -- Data of an earlier version may hold synchronous rows in its snapshot.
 local end_recovery = quorum.strip_on_recovery()
 
+-- Tarantool 2.6.0 cannot join while synchronous writes commit (tarantool#5566):
+-- ask the leader to hold them until we are registered (or SC_JOIN_HOLD_MS).
+-- Joins anyway when it cannot (an older leader; the join may then fail and the
+-- supervisor restarts us).
+local join_hold_ms = util.env_number('SC_JOIN_HOLD_MS', 10000)
+local function hold_leader_for_join(uri, uuid)
+    local conn = require('net.box').connect(creds(uri), {wait_connected = 5})
+    local ok, r = false, conn.error
+    if conn:is_connected() then
+        ok, r = pcall(conn.call, conn, 'sc.join_hold', {box.NULL, uuid, join_hold_ms}, {timeout = 10})
+    end
+    conn:close()
+    if ok and type(r) == 'table' and r.status == 'OK' then
+        log.info('the leader holds writes for our join (drained in %s ms)', tostring(r.drain_ms))
+    else
+        log.warn('the leader did not hold writes for our join (%s): joining anyway',
+            ok and json.encode(r) or tostring(r))
+    end
+end
+
 local inst
 if ha == nil then
     -- Standalone, or the legacy master/replica pair.
@@ -254,6 +276,7 @@ else
         else
             -- Initial join from the leader: quorum 1, so that box.cfg fails rather than
             -- bootstraps a replica set of its own when the leader cannot be reached.
+            hold_leader_for_join(plan.join, plan.uuid)
             log.info('joining the leader at %s', plan.join)
             box.cfg(with({read_only = true, instance_uuid = plan.uuid, replication = {creds(plan.join)},
                           replication_connect_quorum = 1}))

@@ -36,7 +36,7 @@ M.ROLE = 'smartcache_api'
 -- Operators (smartcache-cli cluster): the cluster's actions, which the service never needs.
 M.OPERATOR_ROLE = 'smartcache_operator'
 -- Procedures only operators may call; and those both roles may call.
-M.OPERATOR_ONLY = {['sc.switchover'] = true, ['sc.rejoin'] = true}
+M.OPERATOR_ONLY = {['sc.switchover'] = true, ['sc.rejoin'] = true, ['sc.join_hold'] = true}
 M.OPERATOR_TOO = {['sc.role'] = true, ['sc.stats'] = true, ['sc.ping'] = true}
 
 local function ping()
@@ -90,6 +90,7 @@ local reads = {
     role = failover.role,
     switchover = failover.switchover,
     rejoin = failover.rejoin,
+    join_hold = failover.join_hold,  -- asked by an instance about to join (the replication user may call it)
 }
 
 -- Procedures that may wait (on a fiber.cond, outside any transaction) before

@@ -191,7 +191,7 @@ function M.new(opts)
     self.promoting = false
     self.last_error = nil
     self.counters = {elections_won = 0, promotions = 0, fences = 0, step_downs = 0, etcd_errors = 0,
-                     divergences = 0, switchovers = 0}
+                     divergences = 0, switchovers = 0, join_holds = 0}
     self.keys.member = self.keys.members .. self.box.uuid()
     self.uuid = self.box.uuid()
     -- The hot path: one compare against the deadline.
@@ -809,6 +809,77 @@ function F:hand_over(cand, timeout_s)
             pause_ms = math.floor((self.clock() - t0) * 1000), candidate_uuid = cand.uuid, term = rev}
 end
 
+-- A replica's join, asked of the leader by the joining instance before it
+-- joins. Tarantool 2.6.0 cannot take a CONFIRM or ROLLBACK row in the final
+-- stage of a join (tarantool#5566, fixed later: the joining instance dies with
+-- "Unknown request type 40"), and under synchronous load such rows are there.
+-- So: stop writing, let every pending synchronous write get its CONFIRM (a
+-- write of our own queues behind them), stay writable for Tarantool itself (it
+-- registers the replica in _cluster), and take writes again once the joining
+-- instance is registered or follows us, or after timeout_s. Writes meanwhile
+-- answer NOT_LEADER, as during a switchover; the service retries them.
+function F:hold_for_join(uuid, timeout_s)
+    if self.join_hold ~= nil then
+        -- One hold at a time; a second joiner shares it (and may extend it).
+        self.join_hold.uuids[uuid] = true
+        self.join_hold['until'] = math.max(self.join_hold['until'], self.clock() + timeout_s)
+        return {status = 'OK', shared = true, drain_ms = 0}
+    end
+    if self.role ~= 'leader' or not self.writable() then
+        return {status = 'NOT_LEADER', leader_uuid = self.leader and self.leader.uuid or box.NULL, role = self.role}
+    end
+    local t0 = self.clock()
+    self.handing_over = true  -- the control step must not promote us again meanwhile
+    self.deadline = 0
+    self.role = 'fenced'
+    self.fence_reason = 'join of ' .. tostring(uuid)
+    self.box.forget_joined(uuid)
+    local ok, err = self.box.drain()
+    if not ok then
+        self.handing_over = false
+        self:step_down('WAL write failed before a join: ' .. tostring(err), {wal = true})
+        return {status = 'ERROR', message = 'WAL write failed: ' .. tostring(err)}
+    end
+    self.join_hold = {uuids = {[uuid] = true}, started = t0, ['until'] = t0 + timeout_s}
+    self.counters.join_holds = self.counters.join_holds + 1
+    self.log.info('failover: writes held for the join of %s (drained in %d ms)', uuid,
+        math.floor((self.clock() - t0) * 1000))
+    return {status = 'OK', drain_ms = math.floor((self.clock() - t0) * 1000)}
+end
+
+-- Every guard tick while a join hold lasts: release it once each joiner is in.
+function F:join_hold_step()
+    local hold = self.join_hold
+    if hold == nil then
+        return
+    end
+    local waiting = false
+    for uuid in pairs(hold.uuids) do
+        if not self.box.joined(uuid) then
+            waiting = true
+        end
+    end
+    local now = self.clock()
+    if waiting and now < hold['until'] then
+        return
+    end
+    self.join_hold = nil
+    self.handing_over = false
+    local held_ms = math.floor((now - hold.started) * 1000)
+    local d = self.lease_sent + self.lease_ttl - self.margin
+    if self.role == 'fenced' and self.lease_id ~= nil and now < d then
+        self.deadline = d
+        self.role = 'leader'
+        self.fence_reason = nil
+    end
+    if waiting then
+        self.log.warn('failover: join hold released after %d ms without the joiner in (timeout)', held_ms)
+    else
+        self.log.info('failover: join hold released after %d ms: the joiner is registered', held_ms)
+    end
+    self.last_join_hold_ms = held_ms
+end
+
 -- What role() and /health report. Absent values are box.NULL, so every key is always there.
 function F:status()
     local leader = self.leader or {}
@@ -854,7 +925,11 @@ function F:start()
         fiber.create(loop, 'failover_guard', self, function(s)
             s:guard_step()
             s:quorum_step()
+            s:join_hold_step()
         end, function(s)
+            if s.join_hold ~= nil then
+                return 0.01
+            end
             if s.role == 'leader' then
                 return math.max(0.001, math.min(0.05, s.deadline - s.clock()))
             end
@@ -880,6 +955,17 @@ function M.box_adapter(opts)
     local function probe()
         box.space.sc_meta:replace({'failover_probe', fiber.time()})
     end
+    -- Instances whose registration (a _cluster insert: the end of a join's
+    -- initial stage) committed here.
+    local joined = {}
+    box.space._cluster:on_replace(function(_, new)
+        if new ~= nil then
+            local uuid = new[2]
+            box.on_commit(function()
+                joined[uuid] = true
+            end)
+        end
+    end)
     -- Has the WAL's filesystem room, and does it take a write? Asked of the
     -- disk directly, not through the WAL: on 2.6.0 writes queued behind a
     -- synchronous write that times out fail with the same ER_WAL_IO as a full disk.
@@ -953,6 +1039,30 @@ function M.box_adapter(opts)
         -- Writes queue in the WAL in order (and async ones behind pending sync
         -- ones), so once our own write returns, every write submitted before it
         -- is in the WAL. Expiry holds still meanwhile, then the box turns read-only.
+        -- Like quiesce, but the box stays writable (a join registers the replica).
+        drain = function()
+            local expiry = require('smartcache.expiry')
+            local paused = expiry.paused
+            expiry.paused = true
+            local ok, err = pcall(probe)
+            expiry.paused = paused
+            return ok, err
+        end,
+        -- Registered (its _cluster row committed since forget_joined), or following us.
+        joined = function(uuid)
+            if joined[uuid] then
+                return true
+            end
+            for _, r in pairs(box.info.replication) do
+                if r.uuid == uuid and r.downstream ~= nil and r.downstream.status == 'follow' then
+                    return true
+                end
+            end
+            return false
+        end,
+        forget_joined = function(uuid)
+            joined[uuid] = nil
+        end,
         quiesce = function()
             local expiry = require('smartcache.expiry')
             local paused = expiry.paused
@@ -1062,6 +1172,24 @@ function M.switchover(candidate_uuid, timeout_ms)
         return {status = 'BAD_REQUEST', message = 'timeout_ms must be in 1..60000'}
     end
     return inst:switchover(candidate_uuid, timeout_ms / 1000)
+end
+
+-- sc.join_hold(instance_uuid, timeout_ms?), on the leader, by an instance
+-- about to join it (as the replication user): see F:hold_for_join.
+function M.join_hold(instance_uuid, timeout_ms)
+    local inst = M.instance
+    if inst == nil then
+        return {status = 'BAD_REQUEST', message = 'failover is not configured (SC_ETCD)'}
+    end
+    if type(instance_uuid) ~= 'string' or #instance_uuid ~= 36 then
+        return {status = 'BAD_REQUEST', message = 'instance_uuid must be a uuid string'}
+    end
+    if timeout_ms == nil then
+        timeout_ms = 10000
+    elseif type(timeout_ms) ~= 'number' or timeout_ms <= 0 or timeout_ms > 60000 then
+        return {status = 'BAD_REQUEST', message = 'timeout_ms must be in 1..60000'}
+    end
+    return inst:hold_for_join(instance_uuid, timeout_ms / 1000)
 end
 
 -- sc.rejoin(instance_uuid, force?), on the instance to rebuild: leaves a marker

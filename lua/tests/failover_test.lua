@@ -253,6 +253,13 @@ local function new_box(uuid, id, uri)
         b.ro = true
         return true
     end
+    b.registered = {}
+    b.drain = function()
+        table.insert(b.calls, 'drain')
+        return true
+    end
+    b.joined = function(uuid) return b.registered[uuid] == true end
+    b.forget_joined = function(uuid) b.registered[uuid] = nil end
     return b
 end
 
@@ -341,7 +348,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(18)
+test:plan(20)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -783,6 +790,44 @@ test:test('a row the candidate got after the hand-over moves the baseline: the o
     t:ok(r.term == b.fo.term and r.term > old_term + 1, 'the term moved with it (hand-over, then rewrite)')
     run_for({a, b, c}, 1)
     t:is(a.fo.role, 'follower', 'the old leader follows, not DIVERGED')
+end)
+
+test:test('join hold: writes stop, drain, and resume once the joiner is registered', function(t)
+    t:plan(9)
+    reset()
+    local fake = new_fake()
+    local a = new_node(fake, 'a', 'aaaa', 1)
+    local b = new_node(fake, 'b', 'bbbb', 2)
+    run_for({a, b}, 1)
+    t:is(a.fo.role, 'leader', 'a leads')
+    t:is(b.fo:hold_for_join('dddd', 10).status, 'NOT_LEADER', 'only the leader holds')
+    local r = a.fo:hold_for_join('dddd', 10)
+    t:is(r.status, 'OK', 'held')
+    t:is(a.box.calls[#a.box.calls], 'drain', 'pending writes drained first')
+    t:ok(not a.fo.writable() and not a.box.ro, 'writes stop; the box stays writable for the registration')
+    run_for({a, b}, 1)
+    t:ok(not a.fo.writable(), 'still held while the joiner is not registered, through lease renewals')
+    a.box.registered['dddd'] = true
+    a.fo:join_hold_step()
+    t:ok(a.fo.writable(), 'writes again once it is')
+    t:is(a.fo.role, 'leader', 'still the leader')
+    t:is(a.fo.join_hold, nil, 'hold gone')
+end)
+
+test:test('join hold: released by its timeout when the joiner never registers', function(t)
+    t:plan(3)
+    reset()
+    local fake = new_fake()
+    local a = new_node(fake, 'a', 'aaaa', 1)
+    local b = new_node(fake, 'b', 'bbbb', 2)
+    run_for({a, b}, 1)
+    t:is(a.fo:hold_for_join('dddd', 2).status, 'OK', 'held')
+    run_for({a, b}, 1)
+    a.fo:join_hold_step()
+    t:ok(not a.fo.writable(), 'held before the timeout')
+    run_for({a, b}, 1.5)
+    a.fo:join_hold_step()
+    t:ok(a.fo.writable(), 'writes again after it')
 end)
 
 os.exit(test:check() and 0 or 1)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest_ha import HACluster, eventually, ha_cluster
+from tests.integration.test_failover_storage import Writer
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +155,29 @@ def test_a_data_directory_with_synchronous_spaces_from_an_earlier_version_recove
     run(["tarantool", "create.lua", str(data)])
     done = run(["tarantool", "recover.lua", str(data), str(lua)])
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"rows": 15, "is_sync": False, "stripped": ["sessions"]}
+
+
+def test_a_member_rebuilt_under_synchronous_load_joins_and_has_every_acknowledged_write(ha: HACluster) -> None:
+    """Tarantool 2.6.0 cannot take a CONFIRM in a join's final stage (tarantool#5566): the joiner asks
+    the leader to hold writes (sc.join_hold) until it is registered. Writers run all along."""
+    leader = ha.leader()
+    target = next(n for n in ha.nodes if n != leader)
+    uuid = ha.role(target)["instance_uuid"]  # type: ignore[index]
+    with Writer(ha) as writer:
+        eventually(lambda: len(writer.acked) > 200, what="writes under way")
+        answer = ha.operator_call(target, "rejoin", uuid, True)
+        assert answer is not None
+        assert answer["status"] == "OK", answer
+        node = ha.nodes[target]
+        eventually(lambda: not node.alive(), what="exit after rejoin")
+        ha.restart(target)
+        ha.wait_role(target, "follower", timeout_s=60)
+        at_join = len(writer.acked)
+        eventually(lambda: len(writer.acked) > at_join + 200, what="writes go on after the join")
+    acked = [sid for _, sid in writer.acked]
+    eventually(lambda: all_there(ha, target, acked), what="the rebuilt member has every acknowledged session")
+    stats = ha.call(leader, "role")
+    assert stats is not None
+    held = [line for line in ha.nodes[leader].log_path.read_text().splitlines() if "join hold released" in line]
+    assert held, "the leader held writes for the join"
+    assert "the joiner is registered" in held[-1]
