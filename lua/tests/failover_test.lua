@@ -258,8 +258,8 @@ local function new_box(uuid, id, uri)
         table.insert(b.calls, 'drain')
         return true
     end
-    b.joined = function(uuid) return b.registered[uuid] == true end
-    b.forget_joined = function(uuid) b.registered[uuid] = nil end
+    b.joined = function(u) return b.registered[u] == true end
+    b.forget_joined = function(u) b.registered[u] = nil end
     return b
 end
 
