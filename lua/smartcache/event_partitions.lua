@@ -14,13 +14,16 @@
 -- the tuples in the background (measured: a million events, 0.2 ms, no stall
 -- of the event loop above 0.2 ms), so retention costs no sweep.
 --
--- Partitions are synchronous exactly when the sessions space is (HA with
--- SC_SYNC: init.lua sets it at promotion), so an acknowledged event is on a
--- quorum like the change it reports.
+-- Writes to partitions are synchronous like the other data spaces' (HA with
+-- SC_SYNC, through sc_quorum: smartcache.quorum; no space is is_sync on 2.6.0),
+-- so an acknowledged event is on a quorum like the change it reports. init.lua
+-- guards partitions as their creation commits; create() guards at once, so
+-- the first event of a partition made inside a write is guarded too.
 local fiber = require('fiber')
 local clock = require('clock')
 local log = require('log')
 local util = require('smartcache.util')
+local quorum = require('smartcache.quorum')
 
 local M = {}
 
@@ -68,17 +71,13 @@ function M.list()
     return out
 end
 
-local function want_sync()
-    local s = box.space.sessions
-    return s ~= nil and s.is_sync == true
-end
-
 -- Create a day's partition (idempotent). DDL may run inside a transaction on
 -- 2.6 as long as it does not yield (an empty space's index does not).
 function M.create(day)
     local name = M.PREFIX .. day
-    local s = box.schema.space.create(name, {format = M.FORMAT, is_sync = want_sync(), if_not_exists = true})
+    local s = box.schema.space.create(name, {format = M.FORMAT, if_not_exists = true})
     s:create_index('primary', {parts = {'seq'}, if_not_exists = true})
+    quorum.guard(s)
     return s
 end
 
@@ -137,20 +136,9 @@ function M.drop(name)
     return ms
 end
 
--- On 2.6.0 there is no space:alter(): the flag lives in _space (as init.lua's apply_sync does).
-local function set_sync(s, sync)
-    local flags = {}
-    for k, v in pairs(box.space._space:get(s.id)[6] or {}) do
-        flags[k] = v
-    end
-    flags.is_sync = sync
-    box.space._space:update(s.id, {{'=', 6, flags}})
-    log.info('events: partition %s is_sync = %s', s.name, tostring(sync))
-end
-
 -- One round on the writable instance: today's and the next days' partitions,
--- the sessions space's synchronous flag on each, and those past retention
--- dropped (never the one holding the newest event: a clock that went back).
+-- and those past retention dropped (never the one holding the newest event: a
+-- clock that went back).
 function M.maintain()
     local now = M.clock()
     for i = 0, M.AHEAD_DAYS do
@@ -161,15 +149,12 @@ function M.maintain()
             log.info('events: created partition %s%s', M.PREFIX, day)
         end
     end
-    local sync = want_sync()
     local _, head_day = M.head()
     local cutoff = M.day_of(now - M.retention_days * M.DAY_MS)
     for _, name in ipairs(M.list()) do
         local day = name:sub(#M.PREFIX + 1)
         if day < cutoff and (head_day == nil or day < head_day) then
             M.drop(name)
-        elseif box.space[name].is_sync ~= sync then
-            set_sync(box.space[name], sync)
         end
     end
 end
@@ -218,14 +203,14 @@ function M.start()
     end
 end
 
--- Each partition: name, events, first and last sequence, synchronous flag.
+-- Each partition: name, events, first and last sequence, whether its writes are synchronous (sc_quorum).
 function M.describe()
     local out = {}
     for _, name in ipairs(M.list()) do
         local s = box.space[name]
         local lo, hi = s.index.primary:min(), s.index.primary:max()
         table.insert(out, {name = name, events = s:len(), first_seq = lo and lo[M.F.seq] or box.NULL,
-                           last_seq = hi and hi[M.F.seq] or box.NULL, is_sync = s.is_sync == true})
+                           last_seq = hi and hi[M.F.seq] or box.NULL, guarded = quorum.is_guarded(s)})
     end
     return out
 end

@@ -191,7 +191,8 @@ function M.new(opts)
     self.promoting = false
     self.last_error = nil
     self.counters = {elections_won = 0, promotions = 0, fences = 0, step_downs = 0, etcd_errors = 0,
-                     divergences = 0, switchovers = 0, join_holds = 0}
+                     divergences = 0, switchovers = 0, join_holds = 0,
+                     reconnects = 0}
     self.keys.member = self.keys.members .. self.box.uuid()
     self.uuid = self.box.uuid()
     -- The hot path: one compare against the deadline.
@@ -406,6 +407,30 @@ function F:diverge(reason)
     self.next_publish = 0
 end
 
+-- A follower's replication from the leader. On 2.6.0 an applier that stopped
+-- on an error (its WAL disk was full, a row it could not apply) stays stopped:
+-- reconnect it every UPSTREAM_RETRY_S, and report it (health) while it does
+-- not follow.
+M.UPSTREAM_RETRY_S = 5
+function F:watch_upstream(leader)
+    local up = self.box.upstream()
+    if up == nil or up.status == 'follow' then
+        self.upstream_since, self.upstream_problem = nil, nil
+        return
+    end
+    local now = self.clock()
+    self.upstream_since = self.upstream_since or now
+    self.upstream_problem = string.format('replication from the leader %s for %.0f s%s', up.status,
+        now - self.upstream_since, up.message and (': ' .. tostring(up.message)) or '')
+    if up.status == 'stopped' and now >= (self.next_reconnect or 0) then
+        self.next_reconnect = now + M.UPSTREAM_RETRY_S
+        self.counters.reconnects = self.counters.reconnects + 1
+        self.log.warn('failover: %s; reconnecting', self.upstream_problem)
+        self.box.follow(nil)
+        self.box.follow(leader.uri)
+    end
+end
+
 function F:follow(leader)
     local mine = self.box.vclock()
     local rs = self.box.replicaset()
@@ -430,6 +455,9 @@ function F:follow(leader)
         self.log.info('failover: following leader %s at %s (term %d)', leader.uuid, leader.uri, leader.term)
         self.box.follow(leader.uri)
         self.following = leader.uri
+        self.upstream_since = nil
+    else
+        self:watch_upstream(leader)
     end
     if self.role ~= 'follower' then
         self.role = 'follower'
@@ -893,6 +921,8 @@ function F:status()
         diverged = self.diverged or null, wal_broken = self.wal_broken or null,
         eligible = self:eligible(), lease_id = self.lease_id or null, etcd_error = self.last_error or null,
         quorum = self.effective_quorum or self.quorum,
+        upstream_problem = self.upstream_problem or null,
+        upstream_broken_s = self.upstream_since and (self.clock() - self.upstream_since) or null,
         counters = self.counters,
     }
 end
@@ -1039,6 +1069,15 @@ function M.box_adapter(opts)
         -- Writes queue in the WAL in order (and async ones behind pending sync
         -- ones), so once our own write returns, every write submitted before it
         -- is in the WAL. Expiry holds still meanwhile, then the box turns read-only.
+        -- Our one upstream (a follower replicates from the leader only): {status, message} or nil.
+        upstream = function()
+            for _, r in pairs(box.info.replication) do
+                if r.upstream ~= nil then
+                    return {status = r.upstream.status, message = r.upstream.message}
+                end
+            end
+            return nil
+        end,
         -- Like quiesce, but the box stays writable (a join registers the replica).
         drain = function()
             local expiry = require('smartcache.expiry')
@@ -1141,7 +1180,8 @@ function M.role()
                instance_uuid = box.info.uuid, uri = box.cfg.listen,
                leader_uuid = writable and box.info.uuid or null, leader_uri = writable and box.cfg.listen or null,
                fenced = false, fence_reason = null, diverged = null, wal_broken = null, eligible = false,
-               lease_id = null, etcd_error = null, quorum = box.cfg.replication_synchro_quorum}
+               lease_id = null, etcd_error = null, quorum = box.cfg.replication_synchro_quorum,
+               upstream_problem = null, upstream_broken_s = null}
     else
         out = inst:status()
         out.counters = nil

@@ -94,6 +94,9 @@ function M.memtx()
 end
 
 -- The /health document: healthy unless something below says why not.
+-- A follower that has not replicated from the leader this long is unhealthy.
+M.UPSTREAM_GRACE_S = 5
+
 function M.health()
     local failover = require('smartcache.failover').instance
     local problems = {}
@@ -135,6 +138,9 @@ function M.health()
         end
         if st.wal_broken ~= nil then
             table.insert(problems, st.wal_broken)
+        end
+        if st.upstream_problem ~= nil and st.upstream_broken_s >= M.UPSTREAM_GRACE_S then
+            table.insert(problems, st.upstream_problem)
         end
     end
     doc.healthy = #problems == 0

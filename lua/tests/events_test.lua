@@ -12,7 +12,7 @@ local partitions = require('smartcache.event_partitions')
 local expiry = require('smartcache.expiry')
 
 local test = tap.test('events')
-test:plan(13)
+test:plan(14)
 
 local DAY_MS = partitions.DAY_MS
 local real_clock = partitions.clock
@@ -287,6 +287,25 @@ test:test('SC_EVENTS=false: changes of state write no events', function(t)
     t:is(head(), h, 'a session without an event')
     t:is(sc.event_publish(nil, 'app.still', 'k', nil).seq, h + 1, 'application events still work')
     events.enabled = true
+end)
+
+test:test('in HA an event write is synchronous: a partition made inside a write is guarded at once', function(t)
+    t:plan(4)
+    local quorum = require('smartcache.quorum')
+    quorum.enable(true)
+    local day = (math.floor(util.now_ms() / DAY_MS) + 100) * DAY_MS  -- a partition nobody made ahead
+    partitions.clock = function() return day end
+    local h = head()
+    box.cfg({replication_synchro_quorum = 2, replication_synchro_timeout = 0.2})
+    -- An application event touches no other guarded space: only its new partition's guard makes it wait.
+    local ok = pcall(sc.event_publish, nil, 'app.sync', 'k', nil)  -- no replica: no quorum
+    box.cfg({replication_synchro_quorum = 1})
+    t:ok(not ok, 'the write without its quorum failed: the partition made inside it was guarded')
+    t:is(head(), h, 'and took its event (and the partition) back')
+    t:is(sc.event_publish(nil, 'app.sync', 'k', nil).seq, h + 1, 'with its quorum it commits')
+    t:ok(quorum.is_guarded(box.space['events_' .. partitions.day_of(day)]), 'the partition is guarded')
+    quorum.enable(false)
+    partitions.clock = real_clock
 end)
 
 helper.finish(test)

@@ -253,6 +253,8 @@ local function new_box(uuid, id, uri)
         b.ro = true
         return true
     end
+    b.upstream_ = nil
+    b.upstream = function() return b.upstream_ end
     b.registered = {}
     b.drain = function()
         table.insert(b.calls, 'drain')
@@ -348,7 +350,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(20)
+test:plan(21)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -828,6 +830,26 @@ test:test('join hold: released by its timeout when the joiner never registers', 
     run_for({a, b}, 1.5)
     a.fo:join_hold_step()
     t:ok(a.fo.writable(), 'writes again after it')
+end)
+
+test:test('a follower whose applier stopped reconnects it and reports it until it follows', function(t)
+    t:plan(6)
+    reset()
+    local fake = new_fake()
+    local a = new_node(fake, 'a', 'aaaa', 1)
+    local b = new_node(fake, 'b', 'bbbb', 2)
+    run_for({a, b}, 1)
+    t:is(b.fo.role, 'follower', 'b follows')
+    b.box.upstream_ = {status = 'stopped', message = 'Failed to write to disk'}
+    local before = #b.box.calls
+    run_for({a, b}, 1)
+    t:is(b.box.calls[before + 1], 'follow nil', 'replication reset')
+    t:is(b.box.calls[before + 2], 'follow ' .. a.box.uri, 'and pointed at the leader again')
+    t:like(b.fo:status().upstream_problem, 'stopped .*Failed to write to disk', 'reported')
+    t:is(b.fo.counters.reconnects, 1, 'once per retry interval, not every step')
+    b.box.upstream_ = {status = 'follow'}
+    run_for({a, b}, 1)
+    t:is(b.fo:status().upstream_problem, nil, 'cleared once it follows')
 end)
 
 os.exit(test:check() and 0 or 1)

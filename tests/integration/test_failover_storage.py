@@ -5,6 +5,7 @@ The service is not involved: procedures are called directly, as the service woul
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -268,6 +269,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def fill_more(directory: Path) -> Path:
+    """A second filler that takes every byte left."""
+    filler = directory / "filler-rest"
+    with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+    return filler
+
+
 def fill(directory: Path, leave_bytes: int) -> Path:
     """Write zeros into directory until its filesystem has only leave_bytes free; returns the filler file."""
     filler = directory / "filler"
@@ -303,13 +313,27 @@ def test_a_leader_whose_disk_fills_up_steps_down_and_a_healthy_follower_takes_ov
             status, health = http_get_json(ha.nodes["ha1"].http_url + "/health")
             assert status == 503
             assert any("WAL" in p for p in health["problems"]), health["problems"]
+            # Now a follower, its disk fills up completely: its applier fails to write and stops.
+            rest = fill_more(small_disk)
+            eventually(
+                lambda: any(p.get("upstream_status") == "stopped" for p in ha.role("ha1")["replication"]),  # type: ignore[index]
+                what=lambda: f"ha1's applier stops: {ha.role('ha1')}",
+            )
             # The disk gets room again: the instance replicates again and may be elected again.
+            rest.unlink()
             filler.unlink()
             eventually(lambda: (r := ha.role("ha1")) is not None and r["wal_broken"] is None, timeout_s=30)
         assert sampler.violations == []
         acked = [sid for _, sid in writer.acked]
         missing = [sid for sid in acked if (g := ha.call(new, "session_get", sid)) is None or g["status"] != "OK"]
         assert missing == []
+        # And it follows again with everything (a stopped applier is reconnected), healthy.
+        eventually(
+            lambda: all(ha.status_of("ha1", "session_get", sid) == "OK" for sid in acked),
+            timeout_s=30,
+            what=lambda: f"ha1 replicates again: {ha.role('ha1')}",
+        )
+        eventually(lambda: http_get_json(ha.nodes["ha1"].http_url + "/health")[0] == 200, timeout_s=30)
 
 
 def test_a_restart_writes_nothing_so_an_instance_starts_on_a_full_disk(tmp_path: Path, small_disk: Path) -> None:
