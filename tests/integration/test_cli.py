@@ -49,6 +49,7 @@ SUBCOMMANDS = [
     "latch-count-down",
     "queue-stats",
     "queue-put",
+    "events",
 ]
 
 
