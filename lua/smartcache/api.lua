@@ -29,6 +29,7 @@ local stats = require('smartcache.stats')
 local idempotency = require('smartcache.idempotency')
 local failover = require('smartcache.failover')
 local util = require('smartcache.util')
+local quorum = require('smartcache.quorum')
 
 local M = {}
 
@@ -143,12 +144,37 @@ local function counted(ok, res, ...)
     error(res)
 end
 
-local function read_procedure(fn)
-    return function(meta, ...)
+-- Single-key reads of guarded spaces: the space whose key is the first argument.
+-- They wait for a pending write of that key (smartcache.quorum: no dirty reads).
+local KEYED_READS = {session_get = 'sessions', device_lookup = 'device', counter_get = 'counters',
+                     register_get = 'registers', sequence_get = 'sequences', semaphore_get = 'semaphore_holders',
+                     latch_get = 'latches'}
+
+local function deadline_s(meta)
+    local d = type(meta) == 'table' and meta.deadline_ms or meta
+    if type(d) ~= 'number' then
+        return nil
+    end
+    return d / 1000
+end
+
+local function read_procedure(fn, space_name)
+    if space_name == nil then
+        return function(meta, ...)
+            if past(meta) then
+                return DEADLINE_EXCEEDED
+            end
+            return counted(pcall(fn, ...))
+        end
+    end
+    return function(meta, key, ...)
         if past(meta) then
             return DEADLINE_EXCEEDED
         end
-        return counted(pcall(fn, ...))
+        if quorum.enabled and key ~= nil and not quorum.wait_key(space_name, key, deadline_s(meta)) then
+            return DEADLINE_EXCEEDED
+        end
+        return counted(pcall(fn, key, ...))
     end
 end
 
@@ -186,7 +212,7 @@ end
 
 _G.sc = {}
 for name, fn in pairs(reads) do
-    _G.sc[name] = read_procedure(fn)
+    _G.sc[name] = read_procedure(fn, KEYED_READS[name])
 end
 for name, fn in pairs(writes) do
     _G.sc[name] = write_procedure(name, fn)

@@ -22,6 +22,7 @@
 -- Data written by an earlier version, with is_sync on data spaces, recovers
 -- too: strip_on_recovery() removes the flag from those spaces' definitions as
 -- they are read (the leader then writes the definitions without it).
+local fiber = require('fiber')
 local log = require('log')
 
 local M = {}
@@ -38,13 +39,68 @@ M.GUARDED = {'sessions', 'device', 'idempotency', 'counters', 'registers', 'sequ
 M.enabled = false
 local guarded_ids = {}
 
-local function touch()
+-- No dirty reads of a guarded key. Tarantool 2.6.0 has no MVCC: a write that
+-- waits for its quorum is in the space already, and may still be rolled back.
+-- A reader that saw it and then acted on it (a compare-and-set with the
+-- revision it read) could match a later write that reuses that revision: the
+-- fault suite lost an acknowledged register update that way. So each guarded
+-- write counts its key (the primary key's first part, field 1 in every
+-- guarded space) as pending until it commits or rolls back, and single-key
+-- reads wait until their key has no pending write (wait_key).
+local pending = {}  -- space name -> {key -> writes waiting for their quorum}
+local settled = fiber.cond()
+M.reads_waited = 0
+
+local function settle(space_name, key)
+    local p = pending[space_name]
+    local n = p[key] - 1
+    if n == 0 then
+        p[key] = nil
+    else
+        p[key] = n
+    end
+    settled:broadcast()
+end
+
+local function touch(old, new, space_name)
     if box.session.type() == 'applier' then
         return  -- replicated: the leader's transaction has its own sc_quorum rows
     end
     local q = box.space[M.SPACE]
     q:insert({M.KEY})
     q:delete({M.KEY})
+    local key = (new or old)[1]
+    local p = pending[space_name]
+    if p == nil then
+        p = {}
+        pending[space_name] = p
+    end
+    p[key] = (p[key] or 0) + 1
+    local function done()
+        settle(space_name, key)
+    end
+    box.on_commit(done)
+    box.on_rollback(done)
+end
+
+-- Wait until no write of key in space_name waits for its quorum (at most until
+-- deadline, fiber.time() seconds; nil: twice the synchronous timeout, after
+-- which a write has committed or rolled back). false when the deadline passed.
+function M.wait_key(space_name, key, deadline)
+    local p = pending[space_name]
+    if p == nil or p[key] == nil then
+        return true
+    end
+    M.reads_waited = M.reads_waited + 1
+    deadline = deadline or (fiber.time() + 2 * box.cfg.replication_synchro_timeout)
+    while p[key] ~= nil do
+        local left = deadline - fiber.time()
+        if left <= 0 then
+            return false
+        end
+        settled:wait(left)
+    end
+    return true
 end
 
 -- The schema (smartcache.schema, migration 4) creates the space; this is its definition.
@@ -128,7 +184,14 @@ function M.stats()
     end
     table.sort(names)
     local q = box.space[M.SPACE]
-    return {enabled = M.enabled, guarded = names, quorum_rows = q and q:len() or box.NULL}
+    local keys = 0
+    for _, p in pairs(pending) do
+        for _ in pairs(p) do
+            keys = keys + 1
+        end
+    end
+    return {enabled = M.enabled, guarded = names, quorum_rows = q and q:len() or box.NULL, pending_keys = keys,
+            reads_waited = M.reads_waited}
 end
 
 -- Turn synchronous writes on (HA with SC_SYNC). Before box.cfg: only records it.
