@@ -107,7 +107,7 @@ end
 local function loop(name)
     fiber.name('expiry_' .. name)
     while true do
-        if M.paused or not util.is_writable() then
+        if M.paused or not util.writable() or box.space[name] == nil then
             fiber.sleep(config.sweep_max_sleep_s)
         else
             local ok, n, next_in = pcall(M.sweep_once, name)
