@@ -18,10 +18,10 @@
     │   └── LeaseLost            a lease passed before its holder was done
     ├── CursorTooOld             a subscriber's events were dropped by retention (client side)
     ├── StorageError             Tarantool failed
-    │   ├── StorageUnavailable   not executed: no connection, stalled, cannot write
+    │   ├── StorageUnavailable   not executed: no connection, stalled, no leader, cannot write
     │   │   └── NotLeader        not executed: the instance may not write now
     │   ├── DeadlineExceeded     not executed: storage got the call after its deadline
-    │   ├── OutcomeUnknown       sent, but no answer came back: maybe executed
+    │   ├── OutcomeUnknown       sent, and maybe executed: no answer, or a synchronous rollback
     │   └── ProcedureError       a stored procedure raised (a bug or misuse)
     └── BackendError             the core backend failed
         └── BackendBadReply      it answered something unparsable
@@ -163,10 +163,13 @@ class StorageError(SmartcacheError):
 
 
 class StorageUnavailable(StorageError):
-    """The call was not executed: no connection, a stalled instance, or one that cannot write
-    (read-only, disk or memory full; the procedure's transaction rolled back).
+    """The call was not executed: no connection, a stalled instance, no leader this service can reach
+    (none elected in time, or one that only this service cannot reach), one that cannot write
+    (read-only, disk or memory full; the procedure's transaction rolled back), or an instance whose
+    wall clock disagrees with ours about a deadline that has not passed here.
 
-    Answer STORAGE_UNAVAILABLE (safe to retry); the connection recovers by itself.
+    Answer STORAGE_UNAVAILABLE (safe to retry, here or on another service instance); the connection
+    recovers by itself.
     """
 
 
@@ -178,11 +181,14 @@ class NotLeader(StorageUnavailable):
 
 
 class DeadlineExceeded(StorageError):
-    """Storage received the call after the message's deadline and did nothing: answer EXPIRED."""
+    """Storage received the call after the message's deadline, our clock agrees, and nothing was done:
+    answer EXPIRED."""
 
 
 class OutcomeUnknown(StorageError):
-    """The call was sent but its answer never came (connection lost): it may have been applied.
+    """The call was sent and may have been applied: its answer never came (connection lost), or the
+    leader rolled the synchronous write back (quorum timeout, ROLLBACK), which Tarantool 2.6.0 does not
+    make definitive: a leader that dies before its ROLLBACK replicates may see the next leader confirm it.
 
     Answer OUTCOME_UNKNOWN; only idempotent messages, or writes with an idempotency key, are safe to retry.
     """

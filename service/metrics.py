@@ -139,7 +139,8 @@ class Metrics:
         )
         self.storage_write_failures = Counter(
             f"{p}_storage_write_failures_total",
-            "Writes storage refused without effect, by reason (not_leader, read_only, disk, out_of_memory).",
+            "Writes storage failed, by reason: refused without effect (not_leader, read_only, disk, out_of_memory), "
+            "or rolled back with the outcome unknown (sync_quorum_timeout, sync_rollback).",
             ["reason"],
             registry=r,
         )

@@ -6,9 +6,18 @@ and sends every call to the *leader*: the instance whose ``sc.role()`` says it
 may write now (with failover, a leader whose etcd lease is proven; without, the
 one that is not read-only). The service never decides who leads and never
 changes any instance's role: it only asks, every ``PING_INTERVAL_S`` and at once
-after a NOT_LEADER, a read-only refusal or a lost connection. With no leader
-known, writes fail at once (STORAGE_UNAVAILABLE) and reads go to any instance
-that answers.
+after a NOT_LEADER, a read-only refusal or a lost connection.
+
+With no leader reachable, reads go to any instance that answers, and writes
+wait for a leader only while one may be coming (an election or a hand-over
+under way), and never past their lifetime: they fail at once
+(STORAGE_UNAVAILABLE, not executed, so the client may try another service
+instance) when every instance is down or standalone, or when the followers
+still follow a leader this service cannot reach (:func:`unreachable_leader`:
+a service cut off from the leader alone; the leader keeps its lease, so no
+election is coming). The fault suite's partition-service-leader found that
+waiting the whole lifetime there answered late, or EXPIRED when the worker's
+deadline sweep came first.
 
 Only procedures are called (``sc.<name>``), never spaces, and every call sends
 ``meta`` first (lua/smartcache/api.lua): the message's deadline on the
@@ -23,7 +32,14 @@ depends on it:
   transaction rolled back) -> :class:`StorageUnavailable`: not executed. A
   refusal by an instance that stopped leading is retried on the new leader
   while the message has time left;
-* refused at the deadline -> :class:`DeadlineExceeded`: not executed;
+* refused at the deadline -> :class:`DeadlineExceeded`: not executed. Only
+  when our own clock agrees that the lifetime is over: otherwise the offset
+  the deadline was sent with is wrong (the instance's wall clock jumped), and
+  the call is sent again once the offset is measured again, or answered
+  :class:`StorageUnavailable` if the clocks still disagree;
+* a synchronous write rolled back (quorum timeout, ROLLBACK) ->
+  :class:`OutcomeUnknown`: on Tarantool 2.6.0 the next leader may still
+  confirm it;
 * sent and then the connection broke -> :class:`OutcomeUnknown`;
 * the procedure raised for another reason -> :class:`ProcedureError` (a bug).
 
@@ -31,21 +47,24 @@ Each instance's keeper pings it (``sc.role``): a ping unanswered within
 ``PING_TIMEOUT_S`` marks it stalled (a SIGSTOPped or overloaded Tarantool keeps
 its socket open), and calls then avoid it. Each state and leader change is
 logged and counted. The ping also measures the offset between the instance's
-clock and ours, which turns a local deadline into the instance's wall-clock
-milliseconds.
+clock and ours (service/clock.py), which turns a local deadline into the
+instance's wall-clock milliseconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
+from collections.abc import Awaitable, Iterable
 from typing import Any, NoReturn
 
 import asynctnt
 import structlog
 from asynctnt.exceptions import ErrorCode, TarantoolDatabaseError, TarantoolError
 
+from service import clock
 from service.config import Settings
 from service.errors import (
     DeadlineExceeded,
@@ -65,12 +84,24 @@ PING_INTERVAL_S = 0.5
 SEARCH_INTERVAL_S = 0.05
 #: a ping unanswered this long marks the instance stalled
 PING_TIMEOUT_S = 1.0
-#: offset samples from pings slower than this are too imprecise to keep
-OFFSET_MAX_RTT_S = 0.05
 #: how long a call without a message deadline (cleanup) waits for a leader to be found
 NO_DEADLINE_WAIT_S = 2.0
+#: a wait for a leader ends this long before the message's deadline, so that its STORAGE_UNAVAILABLE
+#: comes before the worker's deadline sweep (every 20 ms) answers EXPIRED
+ANSWER_MARGIN_S = 0.05
+#: a follower whose leader's replication stream (rows or heartbeats, every replication_timeout = 1 s)
+#: was heard this recently still follows a live leader...
+LEADER_HEARD_S = 1.5
+#: ...if it heard the leader this much later than we last did (a frozen leader fell silent for both at
+#: once, give or take our ping interval): then it is our link that is cut, and no election is coming
+HEARD_AFTER_US_S = PING_INTERVAL_S + 0.25
 #: a call refused by an ex-leader is sent again at most this many times
 REROUTES = 3
+#: a call refused as past its deadline while our clock says time is left is sent again at most this
+#: many times, each after the instance's clock offset was measured again
+CLOCK_RETRIES = 2
+#: pings of one measurement after such a refusal (a step is adopted at the second agreeing one)
+RESAMPLE_PINGS = 3
 #: Tarantool error code of a failed WAL write (box.error.WAL_IO)
 ER_WAL_IO = 40
 #: error codes that mean "rolled back, nothing done, the instance cannot write now"
@@ -78,6 +109,13 @@ _CANNOT_WRITE = {
     int(ErrorCode.ER_READONLY): "read_only",
     int(ErrorCode.ER_MEMORY_ISSUE): "out_of_memory",
     ER_WAL_IO: "disk",
+}
+#: error codes of a synchronous write rolled back (box.error.SYNC_QUORUM_TIMEOUT = 216, SYNC_ROLLBACK =
+#: 217 on 2.6.0). Not definitive there: a leader that timed out and died before its ROLLBACK reached a
+#: follower may have the write confirmed by the next leader. So: OUTCOME_UNKNOWN.
+_MAYBE_APPLIED = {
+    int(ErrorCode.ER_SYNC_QUORUM_TIMEOUT): "sync_quorum_timeout",
+    int(ErrorCode.ER_SYNC_ROLLBACK): "sync_rollback",
 }
 
 UP, STALLED, DOWN = "up", "stalled", "down"
@@ -105,11 +143,15 @@ class Instance:
             ping_timeout=0,  # the keeper pings
         )
         self.state = DOWN
-        #: the instance's last answer to sc.role() (empty until one came)
+        #: the instance's last answer to sc.role() (empty until one came, and while it is not up)
         self.role: dict[str, Any] = {}
-        #: the instance's wall clock minus ours, in milliseconds
-        self.offset_ms = 0.0
-        self._offset_rtt_s = float("inf")
+        #: its instance_uuid, kept while it is stalled or down (followers name their leader by it)
+        self.uuid: str | None = None
+        #: when it last answered a ping (monotonic s)
+        self.answered_at = -math.inf
+        #: the instance's wall clock minus ours (service/clock.py)
+        self.clock = clock.ClockOffset()
+        self._measuring: asyncio.Task[None] | None = None
         self._on_role = on_role
         self._searching = searching
         self._wake = asyncio.Event()
@@ -141,17 +183,60 @@ class Instance:
         self._wake.set()
 
     async def close(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        for task in (self._keeper, self._measuring):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         with contextlib.suppress(TarantoolError, OSError):
             await self.conn.disconnect()
         self._connected_gauge.set(0)
 
-    def remote_ms(self, deadline_ms: float) -> int:
-        """A wall-clock deadline (ms) as the instance's wall-clock milliseconds."""
-        return int(deadline_ms + self.offset_ms)
+    @property
+    def offset_ms(self) -> float:
+        """The instance's wall clock minus ours, in milliseconds."""
+        return self.clock.offset_ms
+
+    def remote_ms(self, deadline: float) -> int:
+        """A deadline on our monotonic clock as the instance's wall-clock milliseconds: the lifetime left,
+        from the instance's time now as the best estimate of the offset has it (a jump of our own wall
+        clock since the message arrived does not move it)."""
+        return int((time.time() + deadline - time.monotonic()) * 1000 + self.clock.offset_ms)
+
+    async def measure_clock(self) -> None:
+        """Measure the offset again now, a few pings in a row (a step is adopted at the second agreeing
+        one). One measurement at a time: every call that asks meanwhile waits for the same one."""
+        if self._measuring is None or self._measuring.done():
+            self._measuring = asyncio.get_running_loop().create_task(self._measure())
+        await asyncio.shield(self._measuring)
+
+    async def _measure(self) -> None:
+        steps = self.clock.steps
+        for _ in range(RESAMPLE_PINGS):
+            sent = time.time()
+            try:
+                resp = await self.conn.call("sc.ping", [None], timeout=PING_TIMEOUT_S)
+            except (TimeoutError, TarantoolError, OSError):
+                return  # the keeper's pings will say what is wrong
+            self._clock_sample(sent, time.time(), resp.body[0])
+            if self.clock.steps != steps:
+                return
+
+    def _clock_sample(self, sent: float, returned: float, answer: dict[str, Any]) -> None:
+        time_ms = answer.get("time_ms")
+        if time_ms is None:
+            return
+        was, steps = self.clock.offset_ms, self.clock.steps
+        if not self.clock.add(clock.sample(sent, returned, time_ms)):
+            return
+        self._offset_gauge.set(self.clock.offset_ms / 1000)
+        if self.clock.steps != steps:
+            log.warning(
+                "storage_clock_step",
+                address=self.address,
+                offset_ms=round(self.clock.offset_ms, 1),
+                was_ms=round(was, 1),
+            )
 
     async def _keep(self) -> None:
         while True:
@@ -180,15 +265,11 @@ class Instance:
         except (TarantoolError, OSError) as e:
             self._set(DOWN, error=f"{type(e).__name__}: {e}")
             return
-        returned = time.time()
         role: dict[str, Any] = resp.body[0]
-        # Keep the sample from the quickest recent ping: its midpoint is the best estimate.
-        self._offset_rtt_s = min(self._offset_rtt_s * 1.1, OFFSET_MAX_RTT_S)
-        if "time_ms" in role and returned - sent <= self._offset_rtt_s:
-            self._offset_rtt_s = returned - sent
-            self.offset_ms = role["time_ms"] - (sent + returned) * 500
-            self._offset_gauge.set(self.offset_ms / 1000)
+        self._clock_sample(sent, time.time(), role)
+        self.answered_at = time.monotonic()
         self.role = role
+        self.uuid = role.get("instance_uuid") or self.uuid
         self._set(UP)
 
     def _set(self, state: str, error: str = "") -> None:
@@ -205,6 +286,58 @@ class Instance:
         self._on_role()
 
 
+def unreachable_leader(instances: Iterable[Instance]) -> str | None:
+    """Why no election is coming although this service reaches no leader, or None.
+
+    A reachable follower names a leader this service cannot reach (stalled, down, or not among its
+    instances), still hears its replication stream (``upstream_status`` follow, idle at most
+    ``LEADER_HEARD_S``), and heard it well after this service last did (``HEARD_AFTER_US_S``): that
+    leader lives and renews its lease, so the followers will not elect another; it is this service's
+    link that is cut. A dead or frozen leader falls silent for the followers too, and they elect
+    another within its TTL: worth waiting for.
+    """
+    instances = list(instances)
+    reachable = {i.uuid for i in instances if i.up and i.uuid}
+    last_answered = {i.uuid: i.answered_at for i in instances if i.uuid}
+    for i in instances:
+        role = i.role if i.up else {}
+        leader = role.get("leader_uuid")
+        if role.get("role") != "follower" or not leader or leader in reachable:
+            continue
+        for peer in role.get("replication") or ():
+            idle = peer.get("upstream_idle_s")
+            if peer.get("uuid") != leader or peer.get("upstream_status") != "follow" or idle is None:
+                continue
+            heard_after_us = i.answered_at - idle - last_answered.get(leader, -math.inf)
+            if idle <= LEADER_HEARD_S and heard_after_us >= HEARD_AFTER_US_S:
+                return (
+                    f"{i.address} follows leader {leader} (term {i.term}, heard {idle:.1f} s ago), "
+                    "which this service cannot reach"
+                )
+    return None
+
+
+async def _wait_until(waiting: Awaitable[Any], job: Job | None, end: float) -> None:
+    """Await something a call needs before it is sent (a leader, a clock measurement) until ``end``
+    (monotonic s); returns when it is done or time ran out, the caller looks again.
+
+    Also when the worker's deadline sweep cancels the message meanwhile: that message waited for
+    storage and was never sent, so its caller answers STORAGE_UNAVAILABLE (not executed, and why)
+    instead of leaving the answer to the sweep, whose EXPIRED hides the reason (or, with an earlier
+    call refused, whose OUTCOME_UNKNOWN is wrong).
+    """
+    try:
+        async with asyncio.timeout(end - time.monotonic()):
+            await waiting
+    except TimeoutError:
+        return
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if job is None or task is None or job.deadline > time.monotonic():
+            raise  # not the sweep: the worker is stopping
+        task.uncancel()
+
+
 class Storage:
     """What handlers call: ``await storage.call(procedure, args)``.
 
@@ -218,7 +351,8 @@ class Storage:
             for a in settings.tarantool
         ]
         self.leader: Instance | None = None
-        self._leader_known = asyncio.Event()
+        #: set when a wait for a leader has its outcome: a leader is known, or none is coming (see _target)
+        self._settled = asyncio.Event()
         self._metrics = metrics
         self._leader_gauges = {i.address: metrics.storage_leader.labels(i.address) for i in self.instances}
         self._calls: dict[tuple[str, str], Any] = {}
@@ -268,16 +402,17 @@ class Storage:
         if len(writable) > 1:
             log.error("storage_two_writable", addresses=[i.address for i in writable], terms=[i.term for i in writable])
         leader = max(writable, key=lambda i: i.term, default=None)
+        coming = None if leader is not None else self._why_no_leader_is_coming()
+        if leader is not None or coming is not None:
+            self._settled.set()  # wake the writes waiting for a leader: one is here, or none is coming
         if leader is self.leader:
             return
         was, self.leader = self.leader, leader
         for instance in self.instances:
             self._leader_gauges[instance.address].set(1 if instance is leader else 0)
         if leader is None:
-            self._leader_known.clear()
-            log.warning("storage_leader_lost", was=was.address if was else None)
+            log.warning("storage_leader_lost", was=was.address if was else None, no_leader_coming=coming)
             return
-        self._leader_known.set()
         self._metrics.storage_leader_changes.inc()
         self._metrics.storage_leader_term.set(leader.term)
         log.info("storage_leader", address=leader.address, term=leader.term, was=was.address if was else None)
@@ -290,33 +425,39 @@ class Storage:
             i.check_now()
 
     async def _target(self, procedure: str, job: Job | None) -> Instance:
-        """The leader; waits for one while the message has time. Reads fall back to any instance that is up."""
+        """The leader. Reads fall back to any instance that is up. Writes wait for a leader while one may be
+        coming (an election, a hand-over) and the message has time, and fail at once when none is: with
+        every instance down or standalone, or with the followers still following a leader that this
+        service cannot reach (cut off from it alone: the fault suite's partition-service-leader)."""
         if self.leader is not None:
             return self.leader
         if procedure not in WRITES and procedure not in WAITING_WRITES:
             for instance in self.instances:
                 if instance.up:
                     return instance
-        wait_s = NO_DEADLINE_WAIT_S if job is None else job.deadline - time.monotonic()
-        if wait_s > 0 and self._election_possible():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._leader_known.wait(), wait_s)
-        leader = self._current_leader()
-        if leader is None:
-            states = ", ".join(f"{i.address} {i.state}" for i in self.instances)
-            raise StorageUnavailable(f"{procedure}: no storage instance may write now ({states})")
+        # Give up a little before the deadline, so that STORAGE_UNAVAILABLE, not the sweep's EXPIRED, answers.
+        end = time.monotonic() + NO_DEADLINE_WAIT_S if job is None else job.deadline - ANSWER_MARGIN_S
+        while (leader := self._current_leader()) is None:
+            why = self._why_no_leader_is_coming()
+            if why is not None or time.monotonic() >= end:
+                states = ", ".join(f"{i.address} {i.state}" for i in self.instances)
+                raise StorageUnavailable(f"{procedure}: {why or 'no storage instance may write now'} ({states})")
+            self._settled.clear()  # nothing is settled now: whatever set it has changed since
+            await _wait_until(self._settled.wait(), job, end)
         return leader
 
     def _searching(self) -> bool:
         return self.leader is None
 
     def _current_leader(self) -> Instance | None:
+        """self.leader, read anew (mypy would keep it narrowed to None across the awaits above)."""
         return self.leader
 
-    def _election_possible(self) -> bool:
-        """Worth waiting for a leader: an instance answers that takes part in failover (an election or
-        hand-over may be under way). With every instance down, or only standalone ones, fail at once."""
-        return any(i.up and i.role.get("role", "standalone") != "standalone" for i in self.instances)
+    def _why_no_leader_is_coming(self) -> str | None:
+        """With no leader reachable: why waiting for one is pointless, or None while one may come."""
+        if not any(i.up and i.role.get("role", "standalone") != "standalone" for i in self.instances):
+            return "no storage instance may write now, and none takes part in an election"
+        return unreachable_leader(self.instances)
 
     # -- calls --------------------------------------------------------------------
 
@@ -328,11 +469,12 @@ class Storage:
         and storage itself refuses a call that arrives after the deadline.
         """
         job = current_job.get()
-        attempt = 0
+        attempt = clock_retries = 0
         while True:
             instance = self.leader
             if instance is None:
                 instance = await self._target(procedure, job)
+            generation = instance.clock.generation
             try:
                 # One await on the connector and no coroutine of our own in between: this is the hot path.
                 meta = self._meta(instance, procedure, job, idempotency_key)
@@ -352,6 +494,28 @@ class Storage:
                 attempt += 1
                 if attempt > REROUTES or (job is not None and job.deadline <= time.monotonic()):
                     raise
+            except DeadlineExceeded:
+                if job is None:
+                    raise
+                clock_retries += 1
+                await self._recheck_clock(instance, procedure, job, generation, clock_retries)
+
+    async def _recheck_clock(self, instance: Instance, procedure: str, job: Job, generation: int, tries: int) -> None:
+        """Storage refused the call as past its deadline (nothing done). If our own clock says the lifetime
+        is over, it is: DeadlineExceeded (EXPIRED). If not, the offset the deadline was sent with is wrong
+        (the instance's wall clock jumped): return once it is measured again, to send the call again; if
+        the clocks still disagree, StorageUnavailable (not executed), never EXPIRED while time is left."""
+        left_s = job.deadline - time.monotonic()
+        if left_s * 1000 <= instance.clock.uncertainty_ms:
+            raise DeadlineExceeded(f"{procedure}: storage got the call after the message's deadline")
+        end = job.deadline - ANSWER_MARGIN_S
+        if instance.clock.generation == generation:  # not measured again since it was sent
+            await _wait_until(instance.measure_clock(), job, end)
+        if instance.clock.generation == generation or tries > CLOCK_RETRIES or time.monotonic() >= end:
+            raise StorageUnavailable(
+                f"{procedure}: {instance.address} refused the call as past its deadline with {left_s:.3f} s of "
+                f"its lifetime left here: its wall clock and ours disagree (offset {instance.offset_ms:.0f} ms)"
+            )
 
     def _meta(
         self, instance: Instance, procedure: str, job: Job | None, key: str | None
@@ -363,7 +527,7 @@ class Storage:
             raise NotLeader(f"{procedure}: storage {instance.address} is {instance.state}")
         meta: int | dict[str, Any] | None = None
         if job is not None:
-            meta = instance.remote_ms(job.deadline_ms)
+            meta = instance.remote_ms(job.deadline)
             job.sent += 1
         if key is not None:
             meta = {"deadline_ms": meta, "idempotency_key": key}
@@ -374,6 +538,14 @@ class Storage:
         seconds = time.perf_counter() - started
         if isinstance(e, TarantoolDatabaseError):
             reason = _CANNOT_WRITE.get(e.code)
+            maybe = _MAYBE_APPLIED.get(e.code)
+            if maybe is not None:
+                self._observe(procedure, "unknown", seconds)
+                self._write_failed(maybe)
+                raise OutcomeUnknown(
+                    f"{procedure}: the synchronous write was rolled back on {instance.address} ({e.message}); "
+                    "a later leader may still confirm it"
+                ) from e
             if reason is None:
                 self._observe(procedure, "error", seconds)
                 raise ProcedureError(f"{procedure}: {e}") from e
@@ -403,7 +575,8 @@ class Storage:
         return result
 
     def _write_failed(self, reason: str) -> None:
-        """Count a refused write; log once per change of reason, never with the call's data."""
+        """Count a failed write (refused, or rolled back); log once per change of reason, never with the
+        call's data."""
         self._write_failures += 1
         if reason != self._write_failure:
             self._write_failure = reason
