@@ -569,6 +569,10 @@ class Storage:
             raise NotLeader(f"{procedure}: {instance.address} may not write now (no leader lease)")
         if outcome == "DEADLINE_EXCEEDED":
             raise DeadlineExceeded(f"{procedure}: storage got the call after the message's deadline")
+        if outcome == "WRITE_PENDING":
+            raise StorageUnavailable(
+                f"{procedure}: a write of this key still waited for its quorum at the deadline (no dirty read)"
+            )
         if self._write_failure is not None and procedure in WRITES:
             log.info("storage_writes_recovered", address=instance.address, failed=self._write_failures)
             self._write_failure, self._write_failures = None, 0

@@ -118,6 +118,8 @@ end
 
 local DEADLINE_EXCEEDED = {status = 'DEADLINE_EXCEEDED'}
 local NOT_LEADER = {status = 'NOT_LEADER'}
+-- A single-key read that waited until its deadline for a write of that key to get its quorum.
+local WRITE_PENDING = {status = 'WRITE_PENDING'}
 
 local function past(meta)
     if meta == nil then  -- nil or box.NULL
@@ -150,12 +152,16 @@ local KEYED_READS = {session_get = 'sessions', device_lookup = 'device', counter
                      register_get = 'registers', sequence_get = 'sequences', semaphore_get = 'semaphore_holders',
                      latch_get = 'latches'}
 
-local function deadline_s(meta)
+-- A wait inside a read ends this long before the call's deadline, so that its
+-- answer reaches the service while the message still lives.
+local ANSWER_MARGIN_S = 0.05
+
+local function wait_deadline_s(meta)
     local d = type(meta) == 'table' and meta.deadline_ms or meta
     if type(d) ~= 'number' then
         return nil
     end
-    return d / 1000
+    return d / 1000 - ANSWER_MARGIN_S
 end
 
 local function read_procedure(fn, space_name)
@@ -171,8 +177,8 @@ local function read_procedure(fn, space_name)
         if past(meta) then
             return DEADLINE_EXCEEDED
         end
-        if quorum.enabled and key ~= nil and not quorum.wait_key(space_name, key, deadline_s(meta)) then
-            return DEADLINE_EXCEEDED
+        if quorum.enabled and key ~= nil and not quorum.wait_key(space_name, key, wait_deadline_s(meta)) then
+            return WRITE_PENDING
         end
         return counted(pcall(fn, key, ...))
     end

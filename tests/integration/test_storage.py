@@ -43,7 +43,7 @@ def test_replica_reports_replication_in_stats(storage_pair: tuple[Tarantool, Tar
     with connect(replica) as r:
         stats = call(r, "stats")
     assert stats["read_only"] is True
-    assert stats["schema_version"] == 3
+    assert stats["schema_version"] == 4
     assert stats["replication"][0]["upstream_status"] == "follow"
     coordination = {"counters", "registers", "sequences", "semaphore_holders", "latches", "queue_tasks"}
     assert set(stats["spaces"]) == {"sessions", "cache", "device", "prewarm"} | coordination

@@ -151,6 +151,37 @@ def test_a_synchronous_write_without_its_quorum_is_outcome_unknown_counted_and_l
     assert not [line for line in lines if line["event"] == "handler_failed"]
 
 
+def test_a_read_of_a_key_whose_write_waits_for_its_quorum_is_never_dirty(ha: HACluster) -> None:
+    """No MVCC on 2.6.0: an update waiting for its quorum is in the space already. A read of that
+    session waits for the outcome; when its lifetime ends first it is STORAGE_UNAVAILABLE (not
+    executed), never the value that is then rolled back."""
+    leader = ha.leader()
+    followers = [n for n in ha.nodes if n != leader]
+    addresses = tuple(node.address for node in ha.nodes.values())
+    with running_service(service_settings(ha.nodes[leader], tarantool=addresses, workers=40)) as r:
+        c = r.client
+        created = c.session_create("client-dirty", data="clean")
+        assert created.ok
+        sid = created.session_id
+        assert sid is not None
+        for n in followers:
+            ha.nodes[n].send_signal(signal.SIGSTOP)
+        try:
+            update = c.send("SESSION_UPDATE", {"data": "dirty"}, session_id=sid, lifetime_ms=10_000)
+            eventually(
+                lambda: ha.call(leader, "stats")["synchronous"]["pending_keys"] > 0,  # type: ignore[index]
+                what="the update waits for its quorum on the leader",
+            )
+            read = _answer(lambda: c.call("SESSION_GET", session_id=sid, lifetime_ms=300, timeout_s=5))
+            assert read == "STORAGE_UNAVAILABLE"
+            assert _answer(lambda: c.wait(update, timeout_s=15)) == "OUTCOME_UNKNOWN"  # rolled back
+        finally:
+            for n in followers:
+                ha.nodes[n].send_signal(signal.SIGCONT)
+        got = eventually(lambda: (g := c.session_get(sid)).ok and g, what="reads again")
+        assert got.body["data"] == "clean"
+
+
 # -- a storage wall clock that jumps ---------------------------------------------------------
 
 
