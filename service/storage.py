@@ -118,6 +118,20 @@ _MAYBE_APPLIED = {
     int(ErrorCode.ER_SYNC_ROLLBACK): "sync_rollback",
 }
 
+
+def maybe_applied(code: int, role: str | None) -> str | None:
+    """The reason a failed write may still have been applied (answer OUTCOME_UNKNOWN), or None.
+
+    A synchronous rollback is never definitive on 2.6.0 (above). Nor is ER_WAL_IO from a leader of a
+    synchronous cluster: 2.6.0 fails the writes queued behind a synchronous write that was rolled back
+    with ER_WAL_IO too, and those rows may be on the followers already. Standalone, ER_WAL_IO means the
+    write never reached the disk: not applied."""
+    reason = _MAYBE_APPLIED.get(code)
+    if reason is None and code == ER_WAL_IO and role not in (None, "standalone"):
+        return "disk"
+    return reason
+
+
 UP, STALLED, DOWN = "up", "stalled", "down"
 STATES = (UP, STALLED, DOWN)
 
@@ -538,13 +552,13 @@ class Storage:
         seconds = time.perf_counter() - started
         if isinstance(e, TarantoolDatabaseError):
             reason = _CANNOT_WRITE.get(e.code)
-            maybe = _MAYBE_APPLIED.get(e.code)
+            maybe = maybe_applied(e.code, instance.role.get("role"))
             if maybe is not None:
                 self._observe(procedure, "unknown", seconds)
                 self._write_failed(maybe)
                 raise OutcomeUnknown(
-                    f"{procedure}: the synchronous write was rolled back on {instance.address} ({e.message}); "
-                    "a later leader may still confirm it"
+                    f"{procedure}: the synchronous write failed on {instance.address} ({e.message}); "
+                    "it may be on the followers, and a later leader may still confirm it"
                 ) from e
             if reason is None:
                 self._observe(procedure, "error", seconds)

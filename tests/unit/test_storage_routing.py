@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from service.job import Job
-from service.storage import HEARD_AFTER_US_S, LEADER_HEARD_S, _wait_until, unreachable_leader
+from service.storage import ER_WAL_IO, HEARD_AFTER_US_S, LEADER_HEARD_S, _wait_until, maybe_applied, unreachable_leader
 
 LEADER, F1, F2 = "uuid-leader", "uuid-f1", "uuid-f2"
 
@@ -124,3 +124,18 @@ def test_a_wait_returns_when_what_it_waits_for_happens_or_its_end_comes() -> Non
         await _wait_until(asyncio.Event().wait(), job, time.monotonic())  # the end is now: returns
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("code", "role", "reason"),
+    [
+        (216, "leader", "sync_quorum_timeout"),
+        (217, "leader", "sync_rollback"),
+        (ER_WAL_IO, "leader", "disk"),  # maybe queued behind a rolled-back synchronous write
+        (ER_WAL_IO, "standalone", None),  # never reached the disk: not applied
+        (ER_WAL_IO, None, None),
+        (2, "leader", None),  # ER_MEMORY_ISSUE: refused before the WAL
+    ],
+)
+def test_which_failed_writes_may_still_have_been_applied(code: int, role: str | None, reason: str | None) -> None:
+    assert maybe_applied(code, role) == reason
