@@ -135,7 +135,7 @@ local function past(meta)
     return fiber.time() * 1000 > deadline
 end
 
--- Count WAL write failures (disk full, read-only disk) and re-raise them.
+-- Count WAL write failures (disk full, read-only disk) and memory failures, and re-raise them.
 local function counted(ok, res, ...)
     if ok then
         return res, ...
@@ -143,6 +143,7 @@ local function counted(ok, res, ...)
     if type(res) == 'cdata' and res.code == box.error.WAL_IO then
         stats.wal_errors = stats.wal_errors + 1
     end
+    require('smartcache.memory').failed(res)
     error(res)
 end
 

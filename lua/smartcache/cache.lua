@@ -4,6 +4,7 @@
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local sessions = require('smartcache.sessions')
+local memory = require('smartcache.memory')
 local F = require('smartcache.schema').F.cache
 
 local M = {}
@@ -35,6 +36,7 @@ function M.put(session_id, key, data_type, ttl_s, data)
             return bad
         end
         box.space.cache:replace({session_id, key, util.opt(data_type, 0), now, ttl, now + ttl, data})
+        memory.check_lossy('cache_put')  -- past the cache's share of memtx: ER_MEMORY_ISSUE, rolled back
         return util.result('OK', {expires_in_ms = ttl})
     end)
 end

@@ -124,6 +124,7 @@ function M.drop(name)
     local events = s:len()
     local started = clock.monotonic()
     box.atomic(function()
+        require('smartcache.quorum').join()  -- synchronous: no asynchronous transaction in the limbo
         if top ~= nil and top[M.F.seq] > M.floor() then
             box.space.sc_meta:replace({M.META_FLOOR, top[M.F.seq]})
         end
@@ -144,7 +145,12 @@ function M.maintain()
     for i = 0, M.AHEAD_DAYS do
         local day = M.day_of(now + i * M.DAY_MS)
         if box.space[M.PREFIX .. day] == nil then
-            M.create(day)
+            -- In a synchronous transaction of its own: DDL is a write of the leader too, and on 2.6.0 an
+            -- asynchronous one must not meet synchronous writes in the limbo (smartcache.quorum, GUARDED).
+            box.atomic(function()
+                require('smartcache.quorum').join()
+                M.create(day)
+            end)
             M.counters.created = M.counters.created + 1
             log.info('events: created partition %s%s', M.PREFIX, day)
         end

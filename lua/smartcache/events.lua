@@ -119,6 +119,8 @@ function M.write(topic, key, payload, always)
         -- write of a new instance, or a clock far ahead.
         space = partitions.create(day)
         partitions.counters.created_in_write = partitions.counters.created_in_write + 1
+        -- Its guard arrives when the creation commits: make this transaction synchronous now.
+        require('smartcache.quorum').join()
     end
     space:insert({seq, now, topic, key or '', payload})
     partitions.wrote(space)

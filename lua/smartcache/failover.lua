@@ -982,8 +982,14 @@ end
 function M.box_adapter(opts)
     local stats = require('smartcache.stats')
     local fio = require('fio')
+    -- A write of our own that queues behind every pending one; synchronous when
+    -- synchronous writes are in flight (on 2.6.0 an asynchronous one must not
+    -- enter the limbo: smartcache.quorum, GUARDED).
     local function probe()
-        box.space.sc_meta:replace({'failover_probe', fiber.time()})
+        box.atomic(function()
+            box.space.sc_meta:replace({'failover_probe', fiber.time()})
+            require('smartcache.quorum').join()
+        end)
     end
     -- Instances whose registration (a _cluster insert: the end of a join's
     -- initial stage) committed here.

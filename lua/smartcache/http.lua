@@ -109,8 +109,24 @@ local function metrics()
     metric(out, 'smartcache_tarantool_replication_downstream_up', 'gauge',
         '1 when this downstream peer follows us (only peers that replicate from us).', down)
     local memtx = require('smartcache.storage').memtx()
+    -- (named quota_used for the alert rules of earlier versions; it is arena_used)
     metric(out, 'smartcache_tarantool_memtx_quota_used_bytes', 'gauge', 'memtx arena in use (box.slab.info).',
         {{'', memtx.arena_used_bytes}})
+    metric(out, 'smartcache_tarantool_memtx_quota_mapped_ratio', 'gauge',
+        'memtx quota mapped into 16 MiB slabs (box.slab.info quota_used / quota_size): at 1 a size class whose '
+        .. 'slabs are full cannot grow, however much room the other classes have.', {{'', memtx.quota_used_ratio}})
+    metric(out, 'smartcache_tarantool_memtx_cache_bytes', 'gauge', 'Bytes of the cache and prewarm spaces.',
+        {{'', memtx.lossy_bytes}})
+    metric(out, 'smartcache_tarantool_memtx_cache_budget_bytes', 'gauge',
+        'What the cache and prewarm spaces may hold (SC_CACHE_MEMORY_SHARE of memtx_memory).',
+        {{'', memtx.lossy_budget_bytes}})
+    metric(out, 'smartcache_tarantool_memtx_cache_used_ratio', 'gauge',
+        'cache and prewarm bytes / their budget: at 1 their writes are refused (out of memory).',
+        {{'', memtx.lossy_used_ratio}})
+    metric(out, 'smartcache_tarantool_memory_refused_total', 'counter',
+        'Writes refused for memory, by reason (cache_budget: the lossy spaces\' share is full; allocation: '
+        .. 'memtx could not allocate).',
+        {{'{reason="cache_budget"}', memtx.refused}, {'{reason="allocation"}', memtx.errors}})
     metric(out, 'smartcache_tarantool_memtx_quota_size_bytes', 'gauge', 'memtx memory quota (SC_MEMTX_MEMORY).',
         {{'', memtx.quota_bytes}})
     metric(out, 'smartcache_tarantool_memtx_items_used_bytes', 'gauge', 'Bytes of tuples stored.',

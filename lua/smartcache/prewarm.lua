@@ -99,6 +99,7 @@ function M.complete(client_id, data_type, owner, data)
     return release(client_id, data_type, owner, {
         {'=', F.data, data}, {'=', F.updated_at, now}, {'=', F.expires_at, now + config.prewarm_retention_ms},
     }, function()
+        require('smartcache.memory').check_lossy('prewarm_complete')
         events.write('products.stored', client_id, {data_type = data_type})
     end)
 end

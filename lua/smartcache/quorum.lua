@@ -30,10 +30,26 @@ local M = {}
 M.SPACE = 'sc_quorum'
 M.KEY = 1
 
--- Spaces whose writes must be on a quorum before they are acknowledged. The
--- cache and prewarm spaces are not: losing them costs a reload from the core.
+-- Spaces whose writes must be on a quorum before they are acknowledged: every
+-- space the leader writes, the cache and prewarm spaces included, although
+-- losing them only costs a reload from the core. The reason is Tarantool
+-- 2.6.0's limbo, not their value: an asynchronous transaction committed while
+-- the limbo holds synchronous ones that are already acknowledged but not yet
+-- removed (their CONFIRM is being written) is queued behind them, becomes the
+-- first entry once they leave, and nothing ever confirms it (an acknowledgement
+-- only confirms asynchronous entries that follow a synchronous one it
+-- confirms). After replication_synchro_timeout it "times out": the leader
+-- writes ROLLBACK with lsn -1, which rolls back nothing on the followers, and
+-- rolls back in its own memory every transaction queued behind it, those whose
+-- CONFIRM is already in the WAL and on the followers included (their callers
+-- get ER_WAL_IO from txn.c:876). The leader's memory then differs from its
+-- followers and from its own WAL: the next event reuses a sequence number the
+-- followers hold, their appliers stop on ER_TUPLE_FOUND, and the leader cannot
+-- restart from its WAL either (fixed upstream in 2.6.1, txn_limbo reworked).
+-- With every write of the leader synchronous, no asynchronous transaction
+-- enters the limbo. DDL of our own fibers joins the rule through M.join().
 M.GUARDED = {'sessions', 'device', 'idempotency', 'counters', 'registers', 'sequences', 'semaphore_holders',
-             'latches', 'queue_tasks'}
+             'latches', 'queue_tasks', 'cache', 'prewarm'}
 -- Besides these, every events partition (smartcache.event_partitions guards its own).
 
 M.enabled = false
@@ -51,7 +67,16 @@ local pending = {}  -- space name -> {key -> writes waiting for their quorum}
 local settled = fiber.cond()
 M.reads_waited = 0
 
+-- Synchronous statements of this instance whose transaction has not ended yet.
+-- A transaction's commit and rollback triggers run after it has left the limbo,
+-- so while this is 0 no synchronous transaction of ours is in it.
+M.inflight = 0
+
 local function settle(space_name, key)
+    M.inflight = M.inflight - 1
+    if space_name == nil then
+        return
+    end
     local p = pending[space_name]
     local n = p[key] - 1
     if n == 0 then
@@ -62,25 +87,33 @@ local function settle(space_name, key)
     settled:broadcast()
 end
 
-local function touch(old, new, space_name)
-    if box.session.type() == 'applier' then
-        return  -- replicated: the leader's transaction has its own sc_quorum rows
-    end
+-- The pair of sc_quorum rows that makes the open transaction synchronous; key
+-- (of space_name) is pending until the transaction ends.
+local function synchronous(space_name, key)
     local q = box.space[M.SPACE]
     q:insert({M.KEY})
     q:delete({M.KEY})
-    local key = (new or old)[1]
-    local p = pending[space_name]
-    if p == nil then
-        p = {}
-        pending[space_name] = p
+    M.inflight = M.inflight + 1
+    if space_name ~= nil then
+        local p = pending[space_name]
+        if p == nil then
+            p = {}
+            pending[space_name] = p
+        end
+        p[key] = (p[key] or 0) + 1
     end
-    p[key] = (p[key] or 0) + 1
     local function done()
         settle(space_name, key)
     end
     box.on_commit(done)
     box.on_rollback(done)
+end
+
+local function touch(old, new, space_name)
+    if box.session.type() == 'applier' then
+        return  -- replicated: the leader's transaction has its own sc_quorum rows
+    end
+    synchronous(space_name, (new or old)[1])
 end
 
 -- Wait until no write of key in space_name waits for its quorum (at most until
@@ -101,6 +134,20 @@ function M.wait_key(space_name, key, deadline)
         settled:wait(left)
     end
     return true
+end
+
+-- For writes our own fibers make outside the guarded spaces (the events
+-- partitions' DDL): make the open transaction synchronous when a synchronous
+-- transaction is in flight, so that no asynchronous transaction enters the
+-- limbo (see GUARDED). When none is, the write stays asynchronous: it does not
+-- enter the limbo, and needs no quorum (a partition created at the first
+-- election, while the followers are still joining: on 2.6.0 a joining replica
+-- fails on a CONFIRM row in its final data, "Unknown request type 40"). Call it
+-- right before the commit, without a yield in between.
+function M.join()
+    if M.enabled and M.inflight > 0 and box.space[M.SPACE] ~= nil then
+        synchronous(nil, nil)
+    end
 end
 
 -- The schema (smartcache.schema, migration 4) creates the space; this is its definition.
@@ -191,7 +238,7 @@ function M.stats()
         end
     end
     return {enabled = M.enabled, guarded = names, quorum_rows = q and q:len() or box.NULL, pending_keys = keys,
-            reads_waited = M.reads_waited}
+            reads_waited = M.reads_waited, inflight = M.inflight}
 end
 
 -- Turn synchronous writes on (HA with SC_SYNC). Before box.cfg: only records it.

@@ -84,13 +84,12 @@ function M.start()
     if M.wal_fiber == nil then
         M.wal_fiber = fiber.create(watch_wal)
     end
+    require('smartcache.memory').start()  -- frees tuples only Lua still holds (deleted, replaced)
 end
 
+-- memtx use (smartcache.memory says which of these numbers predicts what).
 function M.memtx()
-    local s = box.slab.info()
-    local quota = s.quota_size > 0 and s.quota_size or 1
-    return {used_ratio = s.arena_used / quota, arena_used_bytes = s.arena_used, items_used_bytes = s.items_used,
-            quota_bytes = s.quota_size}
+    return require('smartcache.memory').info()
 end
 
 -- The /health document: healthy unless something below says why not.
@@ -114,6 +113,27 @@ function M.health()
     local memtx = M.memtx()
     if memtx.used_ratio > M.MEMTX_LIMIT_RATIO then
         table.insert(problems, string.format('memtx %.0f%% used', memtx.used_ratio * 100))
+    end
+    -- memtx full, as writers meet it: a write refused by the lossy spaces' budget or failed by the
+    -- allocator lately (smartcache.memory). Clears itself once writes fit again (entries expire).
+    local memory = require('smartcache.memory')
+    if memtx.last_error_age_s ~= nil and memtx.last_error_age_s < memory.ERROR_WINDOW_S then
+        table.insert(problems, string.format('memtx full: a write was refused for memory %.0f s ago (cache and '
+            .. 'prewarm hold %.0f%% of their SC_CACHE_MEMORY_SHARE; %d refused, %d allocation failures)',
+            memtx.last_error_age_s, memtx.lossy_used_ratio * 100, memtx.refused, memtx.errors))
+    end
+    -- A replica whose applier stopped (an error 2.6.0 does not retry: a row it cannot apply, such as
+    -- a duplicate key), or cannot allocate a row (retried every second, it never gets past that row to
+    -- the deletes that would free memory), never catches up by itself. (In HA the failover module
+    -- watches its one upstream, reconnects it and reports it: upstream_problem below.)
+    if failover == nil then
+        for _, r in ipairs(stats.replication()) do
+            local message = r.upstream_message ~= nil and tostring(r.upstream_message) or ''
+            if r.upstream_status == 'stopped' or message:find('Failed to allocate', 1, true) then
+                table.insert(problems, string.format('replication from instance %d %s: %s', r.id,
+                    tostring(r.upstream_status), message))
+            end
+        end
     end
     local free, min_free
     if type(box.cfg) == 'table' then

@@ -376,15 +376,72 @@ def memtx_full(run: Run) -> None:
     )
     health = http_text(run.c.nodes[leader].http_url + "/health") or ""
     run.note(f"the leader's /health when memtx was full: {health[:600]}")
+    run.note(f"memtx when full: {_memtx_of_nodes(run)}")
     expiry = last_put + FILL_TTL_S
     run.sleep_until(full + 2.0)
     answers = _write_answers(run, full, run.now())
     run.note(f"write attempt answers while memtx was full: {dict(answers)}")
     run.check("failed writes say why (no INTERNAL)", "INTERNAL" not in answers, str(dict(answers)))
+    upstreams = {n: _upstream_of(run, n, leader) for n in run.followers(leader)}
+    run.check(
+        "the followers go on replicating while the leader's memtx is full",
+        all(u == "follow" for u in upstreams.values()),
+        str(upstreams),
+    )
     run.sleep_until(expiry)
     run.healed("the filler entries expire")
     until(lambda: True if run.ok_writes_after(expiry) >= 10 else None, 30, "writes after the expiry")
+    with Client(run.c.services["s1"].endpoint, timeout_s=5) as client:
+        try:
+            fits = until(lambda: _put_fits(client, filler_value), 10, "a 256 KiB entry fits again")
+        except AssertionError:
+            fits = False
+    run.check("after the expiry a 256 KiB entry fits again", fits, f"{run.now() - expiry:.2f} s after it")
+    healthy = _alarm(run, leader, expiry, lambda: run.c.node_metric(leader, "smartcache_tarantool_healthy") == 1, 20)
+    run.check(
+        "the leader is healthy again after the expiry",
+        healthy is not None,
+        f"{healthy:.2f} s after it" if healthy is not None else "not within 20 s",
+    )
+    run.note(f"memtx after the expiry: {_memtx_of_nodes(run)}")
     time.sleep(TTL_S)
+
+
+def _put_fits(client: Any, value: str) -> bool | None:
+    from service.errors import RequestError
+
+    try:
+        client.cache_put(f"fill-after-{uuid.uuid4().hex[:6]}", value, ttl_s=FILL_TTL_S)
+        return True
+    except RequestError:
+        return None
+
+
+def _upstream_of(run: Run, node: str, leader: str) -> str:
+    """The status of node's replication from the leader, with its message if any."""
+    leader_uuid = (run.c.role(leader) or {}).get("instance_uuid")
+    for r in (run.c.role(node) or {}).get("replication") or []:
+        if r.get("uuid") == leader_uuid:
+            message = r.get("upstream_message")
+            return f"{r.get('upstream_status')}: {message}" if message else str(r.get("upstream_status"))
+    return "none"
+
+
+def _memtx_of_nodes(run: Run) -> dict[str, str]:
+    out = {}
+    for n in NODES:
+        text = http_text(run.c.nodes[n].http_url + "/metrics")
+        cache = metric_value(text, "smartcache_tarantool_memtx_cache_used_ratio")
+        mapped = metric_value(text, "smartcache_tarantool_memtx_quota_mapped_ratio")
+        items = metric_value(text, "smartcache_tarantool_memtx_items_used_bytes")
+        arena = metric_value(text, "smartcache_tarantool_memtx_quota_used_bytes")
+        quota = metric_value(text, "smartcache_tarantool_memtx_quota_size_bytes") or 1
+        out[n] = (
+            f"cache budget {cache if cache is None else round(cache, 3)}, quota mapped "
+            f"{mapped if mapped is None else round(mapped, 2)}, items {round((items or 0) / quota, 3)}, "
+            f"arena {round((arena or 0) / quota, 3)}"
+        )
+    return out
 
 
 # -- operations ----------------------------------------------------------------------

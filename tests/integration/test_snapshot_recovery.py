@@ -121,7 +121,7 @@ def test_writes_are_synchronous_through_sc_quorum_which_stays_empty(ha: HACluste
         assert sync["enabled"] is True
         assert sync["quorum_rows"] == 0
         assert {"sessions", "device", "idempotency", "counters", "semaphore_holders"} <= set(sync["guarded"])
-        assert "cache" not in sync["guarded"]
+        assert {"cache", "prewarm"} <= set(sync["guarded"])
 
 
 CREATE_OLD = """

@@ -128,6 +128,9 @@ def test_metrics_report_upstreams_and_downstreams_apart_and_memtx(storage_pair: 
     assert 'smartcache_tarantool_replication_upstream_up{peer_id="1"} 1' in r
     for name in ("memtx_quota_used_bytes", "memtx_quota_size_bytes", "memtx_items_used_bytes", "memtx_used_ratio"):
         assert f"smartcache_tarantool_{name} " in m, name
+    for name in ("memtx_quota_mapped_ratio", "memtx_cache_bytes", "memtx_cache_budget_bytes", "memtx_cache_used_ratio"):
+        assert f"smartcache_tarantool_{name} " in m, name
+    assert 'smartcache_tarantool_memory_refused_total{reason="cache_budget"} 0' in m
 
 
 def test_switchover_and_rejoin_are_the_operators_not_the_services(storage_pair: tuple[Tarantool, Tarantool]) -> None:
