@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum
 help:  ## list the targets (this text)
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-sysdeps:  ## Debian packages: tarantool, lua-check, python venv support
+sysdeps:  ## Debian packages: tarantool, etcd-server, lua-check, python venv support
 	@missing=""; \
 	command -v tarantool >/dev/null || missing="$$missing tarantool"; \
 	command -v luacheck  >/dev/null || missing="$$missing lua-check"; \
@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: sysdeps $(STAMP)  ## create .venv with the pinned Python packages (again when pyproject.toml or constraints.txt change)
 
-run: venv  ## start master + replica, the service and the simulated backend; Ctrl-C stops all
+run: venv  ## start etcd, three Tarantool instances (one elected leader), the service and the simulated backend; Ctrl-C stops all
 	$(PY) -m service.devstack
 
 test: venv  ## the whole test suite: Lua tap tests, then pytest
