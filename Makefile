@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: sysdeps $(STAMP)  ## create .venv with the pinned Python packages (again when pyproject.toml or constraints.txt change)
 
 run: venv  ## start etcd, three Tarantool instances (one elected leader), the service and the simulated backend; Ctrl-C stops all
-	$(PY) -m service.devstack
+	$(PY) -m devtools.devstack
 
 test: venv  ## the whole test suite: Lua tap tests, then pytest
 	$(MAKE) lua-test

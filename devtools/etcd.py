@@ -1,7 +1,7 @@
 """etcd as a child process, for tests and (later) `make run`.
 
 One member on 127.0.0.1, client and peer ports free at start, its own data dir
-(created here, removed by `cleanup`). Built on `service.devstack.Child`: stopped
+(created here, removed by `cleanup`). Built on `devtools.devstack.Child`: stopped
 by its PID, and gone when we are (PR_SET_PDEATHSIG). Its life is bounded as
 well: it runs under coreutils `timeout`, which ends it after `lifetime_s`
 even if every stop path were missed. `pid` is etcd's own PID (the child of
@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.devstack import READY_TIMEOUT_S, Child, free_port
+from devtools.devstack import READY_TIMEOUT_S, Child, free_port
 
 DEFAULT_LIFETIME_S = 3600
 

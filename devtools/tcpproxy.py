@@ -20,7 +20,7 @@ import contextlib
 import threading
 from typing import Any
 
-from service.devstack import free_port
+from devtools.devstack import free_port
 
 PASS, DELAY_REPLIES, BLACKHOLE = "pass", "delay_replies", "blackhole"
 CHUNK = 65536

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.devstack import Tarantool, free_port, http_get_json
 from service.client import Client, CurveKeys
-from service.devstack import Tarantool, free_port, http_get_json
 from service.security import create_key_pair
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import tarantool
 
+from devtools.devstack import Tarantool, free_port
 from service import logs
 from service.app import Service
 from service.client import Client
 from service.config import Settings
-from service.devstack import Tarantool, free_port
 from service.handlers import HANDLERS, Context, Handler, Request
 from tests.helpers import eventually
 

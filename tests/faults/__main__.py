@@ -24,8 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from devtools.devstack import ROOT
 from devtools.netns import NetnsError, Network
-from service.devstack import ROOT
 from tests.faults.cluster import HOSTS, TTL_S
 from tests.faults.harness import execute
 from tests.faults.report import line, table

@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import tarantool
 
+from devtools.devstack import LUA_INIT, Child, http_get_json
 from devtools.etcd import Etcd
 from devtools.netns import Network
-from service.devstack import LUA_INIT, Child, http_get_json
 from tests.integration.conftest_ha import ha_env
 
 T = TypeVar("T")

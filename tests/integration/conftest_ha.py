@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import tarantool
 
+from devtools.devstack import Tarantool
 from devtools.etcd import Etcd
-from service.devstack import Tarantool
 
 T = TypeVar("T")
 

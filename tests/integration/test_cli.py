@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from devtools.devstack import Tarantool, free_port
 from service import __version__
 from service.cli import _parser
-from service.devstack import Tarantool, free_port
 from tests.conftest import Running, service_process
 
 BIN = Path(sys.executable).parent

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from devtools.devstack import Tarantool
 from service.client import AsyncClient, Client
-from service.devstack import Tarantool
 from service.errors import LeaseLost, NotAcquired
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric

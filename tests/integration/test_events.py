@@ -20,8 +20,8 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
+from devtools.devstack import Tarantool
 from service.client import Client, CurveKeys
-from service.devstack import Tarantool
 from service.errors import RequestError
 from service.parsers import parse_bulkheads
 from service.security import create_key_pair

@@ -25,7 +25,7 @@ import msgpack
 import pytest
 import zmq
 
-from service.devstack import Tarantool, free_port
+from devtools.devstack import Tarantool, free_port
 from service.protocol import (
     HEADER_STRUCT,
     OFFSET,

@@ -23,11 +23,11 @@ import pytest
 import structlog
 import zmq
 
+from devtools.devstack import Tarantool, free_port
 from devtools.tcpproxy import DELAY_REPLIES, TcpProxy
 from loadtest.backend import Backend
 from service import logs
 from service.client import Client, Reply
-from service.devstack import Tarantool, free_port
 from service.errors import RequestError
 from service.handlers import HANDLERS, Context, Request
 from service.protocol import (

@@ -16,8 +16,8 @@ import pytest
 import zmq
 import zmq.auth
 
+from devtools.devstack import Tarantool, free_port
 from service.client import Client, CurveKeys
-from service.devstack import Tarantool, free_port
 from service.errors import RequestError, RequestTimeout
 from service.security import create_key_pair
 from tests.conftest import Running, running_service, service_settings

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zmq
 
-from service.devstack import Tarantool
+from devtools.devstack import Tarantool
 from service.errors import RequestError
 from service.protocol import (
     FLAG_DATA_ERROR,

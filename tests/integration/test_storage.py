@@ -10,7 +10,7 @@ import httpx
 import pytest
 import tarantool
 
-from service.devstack import Tarantool
+from devtools.devstack import Tarantool
 from service.errors import RequestError
 from tests.conftest import call, connect, running_service, service_settings
 from tests.helpers import eventually, metric

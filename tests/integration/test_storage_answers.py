@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import structlog
 
+from devtools.devstack import Tarantool
 from devtools.tcpproxy import BLACKHOLE, PASS, TcpProxy
 from service import logs
 from service.client import Client, Reply
-from service.devstack import Tarantool
 from service.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric

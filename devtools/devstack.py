@@ -6,7 +6,7 @@ each by its PID. Children get SIGTERM if this process dies (PR_SET_PDEATHSIG),
 so nothing outlives its parent. Each start appends a ``run_started`` JSON line
 to the child's log, so a run's lines are easy to find in an appended log.
 
-``python -m service.devstack`` is `make run`: master + replica, the service and
+``python -m devtools.devstack`` is `make run`: master + replica, the service and
 the simulated backend in the foreground; Ctrl-C stops them all. Before
 starting anything it checks every port it needs is free and names the
 variable to change if not (a second `make run` next to a running one stops
