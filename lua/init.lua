@@ -308,7 +308,7 @@ guard_all()
 
 -- Defines the procedures (global table sc) on every instance; registered (_func) by the writable one.
 require('smartcache.api')
-require('smartcache.storage').start()
+require('smartcache.runtime').start()
 
 if inst ~= nil then
     inst:start()

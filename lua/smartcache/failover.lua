@@ -1003,11 +1003,12 @@ function M.box_adapter(opts)
         end
     end)
     -- Has the WAL's filesystem room, and does it take a write? Asked of the
-    -- disk directly, not through the WAL: on 2.6.0 writes queued behind a
-    -- synchronous write that times out fail with the same ER_WAL_IO as a full disk.
+    -- disk directly, not through the WAL: a write's ER_WAL_IO does not say
+    -- which (on 2.6.0 an asynchronous write stuck in the limbo fails the writes
+    -- behind it with it too: smartcache.quorum).
     local function disk_check()
-        local storage = require('smartcache.storage')
-        local free, min_free = storage.disk_free(box.cfg.wal_dir)
+        local runtime = require('smartcache.runtime')
+        local free, min_free = runtime.disk_free(box.cfg.wal_dir)
         if free ~= nil and free < min_free then
             return false, string.format('WAL disk almost full: %d MiB free, %d MiB needed',
                 math.floor(free / 1048576), math.ceil(min_free / 1048576))

@@ -57,7 +57,7 @@ end
 -- failure, above 90 % of memtx memory, DIVERGED, or stepped down for its WAL.
 -- role: master/replica (standalone), or the failover role in HA mode.
 local function health()
-    local doc = require('smartcache.storage').health()
+    local doc = require('smartcache.runtime').health()
     return doc.healthy and 200 or 503, 'application/json', json.encode(doc)
 end
 
@@ -108,7 +108,7 @@ local function metrics()
         '1 when replication from this upstream peer follows (only peers we replicate from).', up)
     metric(out, 'smartcache_tarantool_replication_downstream_up', 'gauge',
         '1 when this downstream peer follows us (only peers that replicate from us).', down)
-    local memtx = require('smartcache.storage').memtx()
+    local memtx = require('smartcache.runtime').memtx()
     -- (named quota_used for the alert rules of earlier versions; it is arena_used)
     metric(out, 'smartcache_tarantool_memtx_quota_used_bytes', 'gauge', 'memtx arena in use (box.slab.info).',
         {{'', memtx.arena_used_bytes}})
@@ -131,7 +131,7 @@ local function metrics()
         {{'', memtx.quota_bytes}})
     metric(out, 'smartcache_tarantool_memtx_items_used_bytes', 'gauge', 'Bytes of tuples stored.',
         {{'', memtx.items_used_bytes}})
-    local h = require('smartcache.storage').health()
+    local h = require('smartcache.runtime').health()
     metric(out, 'smartcache_tarantool_healthy', 'gauge', '1 when /health answers 200.', {{'', h.healthy and 1 or 0}})
     metric(out, 'smartcache_tarantool_memtx_used_ratio', 'gauge', 'memtx arena in use / memtx_memory.',
         {{'', h.memtx.used_ratio}})

@@ -14,7 +14,7 @@ function M.start()
              memtx_memory = 64 * 1024 * 1024})
     require('smartcache.schema').upgrade()
     require('smartcache.api').register('svc', 'secret')
-    require('smartcache.storage').start()
+    require('smartcache.runtime').start()
     M.dir = dir
     return dir
 end

@@ -121,7 +121,7 @@ while box.space.latches == nil or box.space.latches:get('l-repl') == nil do
     require('fiber').sleep(0.01)
 end
 require('smartcache.api')
-require('smartcache.storage').start()
+require('smartcache.runtime').start()
 local latches = require('smartcache.latches')
 local fiber = require('fiber')
 local ch = fiber.channel(1)

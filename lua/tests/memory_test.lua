@@ -10,7 +10,7 @@ local here = fio.dirname(fio.abspath(debug.getinfo(1, 'S').source:sub(2)))
 package.path = fio.dirname(here) .. '/?.lua;' .. package.path
 local helper = require('tests.helper')
 local memory = require('smartcache.memory')
-local storage = require('smartcache.storage')
+local runtime = require('smartcache.runtime')
 
 helper.start()
 
@@ -43,7 +43,7 @@ end)
 
 test:test('/health says memtx full, and the metric shows the budget used', function(t)
     t:plan(3)
-    local doc = storage.health()
+    local doc = runtime.health()
     t:is(doc.healthy, false, 'unhealthy')
     t:like(table.concat(doc.problems, '; '), 'memtx full', 'memtx full')
     t:ok(doc.memtx.lossy_used_ratio > 0.9, 'cache budget used ' .. doc.memtx.lossy_used_ratio)
@@ -57,7 +57,7 @@ test:test('once entries go, puts fit again and health recovers', function(t)
     local r = _G.sc.cache_put(nil, '', 'after', nil, 60, VALUE)
     t:is(r.status, 'OK', 'a put fits again')
     memory.last_at = memory.last_at - memory.ERROR_WINDOW_S - 1  -- the window passed
-    local doc = storage.health()
+    local doc = runtime.health()
     t:is(doc.healthy, true, 'healthy: ' .. table.concat(doc.problems, '; '))
     t:ok(doc.memtx.quota_used_ratio > 0, 'quota_used_ratio reported')
 end)
