@@ -65,7 +65,28 @@ class _Lease:
         return not self.lost and time.monotonic() < self.valid_until
 
 
-class Lock:
+class _Held:
+    """What both locks hold: the semaphore's name and terms, the fencing token, the lease."""
+
+    def __init__(self, name: str, *, permits: int, lease_ms: int, wait_ms: int, holder: str | None) -> None:
+        self.name, self.permits = name, permits
+        self.lease_ms, self.wait_ms = lease_ms, wait_ms
+        self.holder = holder or default_holder()
+        self.token: int | None = None
+        self._lease = _Lease(lease_ms)
+
+    @property
+    def valid(self) -> bool:
+        """Held, and the lease provably not over (counted from when its last renewal was sent)."""
+        return self.token is not None and self._lease.valid
+
+    def check(self) -> None:
+        """Raise LeaseLost unless the lease is provably valid (call before a step that needs the lock)."""
+        if not self.valid:
+            raise LeaseLost("LEASE_LOST", f"{self.name}: the lease is over or was lost")
+
+
+class Lock(_Held):
     """A permit of a semaphore (a lock when ``permits`` = 1), held for a lease that renews itself.
 
     ``with client.lock(name):`` acquires (waiting up to ``wait_ms``; NotAcquired
@@ -83,23 +104,10 @@ class Lock:
         wait_ms: int = DEFAULT_WAIT_MS,
         holder: str | None = None,
     ) -> None:
-        self.client, self.name, self.permits = client, name, permits
-        self.lease_ms, self.wait_ms = lease_ms, wait_ms
-        self.holder = holder or default_holder()
-        self.token: int | None = None
-        self._lease = _Lease(lease_ms)
+        super().__init__(name, permits=permits, lease_ms=lease_ms, wait_ms=wait_ms, holder=holder)
+        self.client = client
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
-
-    @property
-    def valid(self) -> bool:
-        """Held, and the lease provably not over (counted from when its last renewal was sent)."""
-        return self.token is not None and self._lease.valid
-
-    def check(self) -> None:
-        """Raise LeaseLost unless the lease is provably valid (call before a step that needs the lock)."""
-        if not self.valid:
-            raise LeaseLost("LEASE_LOST", f"{self.name}: the lease is over or was lost")
 
     def acquire(self) -> int:
         """Take the permit (waiting up to wait_ms); returns the fencing token. NotAcquired if none came."""
@@ -170,7 +178,7 @@ class Lock:
                 raise
 
 
-class AsyncLock:
+class AsyncLock(_Held):
     """:class:`Lock` for the asyncio client: ``async with client.lock(name) as lock:``; renewed by a task."""
 
     def __init__(
@@ -183,16 +191,9 @@ class AsyncLock:
         wait_ms: int = DEFAULT_WAIT_MS,
         holder: str | None = None,
     ) -> None:
-        self.client, self.name, self.permits = client, name, permits
-        self.lease_ms, self.wait_ms = lease_ms, wait_ms
-        self.holder = holder or default_holder()
-        self.token: int | None = None
-        self._lease = _Lease(lease_ms)
+        super().__init__(name, permits=permits, lease_ms=lease_ms, wait_ms=wait_ms, holder=holder)
+        self.client = client
         self._renewer: asyncio.Task[None] | None = None
-
-    @property
-    def valid(self) -> bool:
-        return self.token is not None and self._lease.valid
 
     async def acquire(self) -> int:
         sent = time.monotonic()

@@ -15,7 +15,10 @@ from typing import TextIO
 
 import structlog
 from structlog.tracebacks import ExceptionDictTransformer
-from structlog.typing import Processor
+from structlog.typing import EventDict, Processor
+
+from service.job import current_job
+from service.protocol import frame_request_id
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -42,6 +45,7 @@ def configure(
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_request_id,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             *renderer,
@@ -51,6 +55,16 @@ def configure(
         cache_logger_on_first_use=cache,
     )
     _route_stdlib(renderer, out, LEVELS[level])
+
+
+def add_request_id(_logger: object, _method: str, event: EventDict) -> EventDict:
+    """Every line logged while a message runs (its task's context) carries the message's request id:
+    read from the job when a line is logged, rather than bound for every message (that cost about 2 %
+    of the CPU per request, for lines that are rarely written)."""
+    job = current_job.get()
+    if job is not None and "request_id" not in event:
+        event["request_id"] = frame_request_id(job.header)
+    return event
 
 
 #: libraries that log through the standard library (asynctnt: connects, disconnects)

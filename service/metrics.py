@@ -265,7 +265,8 @@ class Metrics:
         )
         self.events_delay = Histogram(
             f"{p}_events_publish_delay_seconds",
-            "From an event's time in storage (its transaction) to its publication on the PUB socket.",
+            "From an event's time in storage (its transaction) to its publication on the PUB socket: one sample"
+            " per batch read, its oldest event's.",
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )

@@ -35,7 +35,6 @@ from typing import Any
 
 import structlog
 import zmq
-from structlog.contextvars import bind_contextvars
 
 from service import eventloop, inproc
 from service.backend import Backend
@@ -168,9 +167,7 @@ class Worker:
                 task.add_done_callback(self._answer)
 
     async def _run_job(self, job: Job) -> Answer:
-        current_job.set(job)
-        # Every log line of this request (this task's context) carries its id.
-        bind_contextvars(request_id=frame_request_id(job.header))
+        current_job.set(job)  # also what gives every log line of this message its request_id (service/logs.py)
         assert self._handler_context is not None
         return await execute(job, self._handler_context, self._handlers, self._settings.max_body_bytes)
 
