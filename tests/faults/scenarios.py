@@ -150,6 +150,10 @@ def pause_leader(run: Run) -> None:
         run.c.signal_node(old, signal.SIGCONT)
         probe.close()
     run.check("the resumed leader refuses the write waiting for it", answer.get("status") == "NOT_LEADER", str(answer))
+    # A row the leader wrote to its WAL in the instant before SIGSTOP and never sent (never acknowledged:
+    # the quorum is every attached follower) makes it DIVERGED from the new leader: 4 runs in 12 here.
+    # Tarantool 2.6.0 cannot take a row back out of a WAL, so it is rebuilt as the runbook says.
+    run.rejoin_if_diverged(old)
     run.c.wait_role(old, "follower")
     seen = [r.t for r in run.s.between(resumed, run.now()) if r.seen[old].writable]
     run.check("the resumed leader is never writable again", not seen, f"writable at {seen[:3]}")
