@@ -17,6 +17,9 @@
 -- followers, which replicate the same rows into the same memtx_memory, are
 -- not the first to run out (an applier that fails to allocate a row retries it
 -- every second and never gets past it to the deletes that would free memory).
+-- That needs slabs to spare: at 64 MiB (4 slabs) a follower's small size class
+-- found no free slab while the leader's still had room (the fault suite's
+-- memtx-full, 1 full run in 3), so below MIN_MEMTX_MEMORY start warns.
 local fiber = require('fiber')
 local util = require('smartcache.util')
 
@@ -122,7 +125,15 @@ local function reclaim_loop()
     end
 end
 
+M.MIN_MEMTX_MEMORY = 256 * 1024 * 1024
+
 function M.start()
+    local quota = type(box.cfg) == 'table' and box.cfg.memtx_memory or 0
+    if quota < M.MIN_MEMTX_MEMORY then
+        require('log').warn('memtx_memory is %d MiB: below %d MiB (16 MiB slabs) a follower may run out of memory ' ..
+            'before the cache budget refuses a write, and its replication stops (SC_MEMTX_MEMORY)',
+            math.floor(quota / 1048576), M.MIN_MEMTX_MEMORY / 1048576)
+    end
     if M.reclaim_fiber == nil then
         M.reclaim_fiber = fiber.create(reclaim_loop)
     end
