@@ -401,10 +401,18 @@ function F:diverge(reason)
     self.diverged = reason
     self.role = 'diverged'
     if self.following ~= nil then
-        pcall(self.box.follow, nil)
-        self.following = nil
+        pcall(self.set_following, self, nil)
     end
     self.next_publish = 0
+end
+
+-- Replicate from uri (nil: from nobody). A new source, or none, starts the
+-- watch of the upstream afresh: a problem of the old one is no longer ours
+-- (a follower promoted while its upstream was broken stayed unhealthy for good).
+function F:set_following(uri)
+    self.box.follow(uri)
+    self.following = uri
+    self.upstream_since, self.upstream_problem = nil, nil
 end
 
 -- A follower's replication from the leader. On 2.6.0 an applier that stopped
@@ -453,9 +461,7 @@ function F:follow(leader)
     end
     if self.following ~= leader.uri then
         self.log.info('failover: following leader %s at %s (term %d)', leader.uuid, leader.uri, leader.term)
-        self.box.follow(leader.uri)
-        self.following = leader.uri
-        self.upstream_since = nil
+        self:set_following(leader.uri)
     else
         self:watch_upstream(leader)
     end
@@ -519,8 +525,7 @@ function F:elect()
     end
     -- We are the best. Stop receiving, so the vclock in the key is final.
     if self.following ~= nil then
-        self.box.follow(nil)
-        self.following = nil
+        self:set_following(nil)
     end
     local vclock = self.box.vclock()
     local value = {uuid = self.uuid, id = self.box.id(), uri = self.uri, vclock = vclock_to_json(vclock),
@@ -610,8 +615,7 @@ function F:promote(leader)
     local lease = self.lease_id
     local ok, err = pcall(function()
         if self.following ~= nil then
-            self.box.follow(nil)
-            self.following = nil
+            self:set_following(nil)
         end
         self:rebase(leader)
         self:wait_followers(self.promote_wait)
@@ -819,8 +823,7 @@ function F:hand_over(cand, timeout_s)
     self.term = rev
     self.leader = {uuid = cand.uuid, id = cand.id, uri = cand.uri, term = rev, vclock = target,
                    lease = cand.lease, replicaset = value.replicaset}
-    self.box.follow(cand.uri)
-    self.following = cand.uri
+    self:set_following(cand.uri)
     self.next_publish = 0
     self.log.info('failover: handed the leader key to %s (term %d)', cand.uuid, rev)
     -- 4. Wait until the candidate says it leads (it polls the key).

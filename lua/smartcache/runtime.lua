@@ -159,7 +159,7 @@ function M.health()
         if st.wal_broken ~= nil then
             table.insert(problems, st.wal_broken)
         end
-        if st.upstream_problem ~= nil and st.upstream_broken_s >= M.UPSTREAM_GRACE_S then
+        if st.upstream_problem ~= nil and (st.upstream_broken_s or 0) >= M.UPSTREAM_GRACE_S then
             table.insert(problems, st.upstream_problem)
         end
     end

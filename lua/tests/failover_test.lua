@@ -350,7 +350,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(21)
+test:plan(22)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -850,6 +850,24 @@ test:test('a follower whose applier stopped reconnects it and reports it until i
     b.box.upstream_ = {status = 'follow'}
     run_for({a, b}, 1)
     t:is(b.fo:status().upstream_problem, nil, 'cleared once it follows')
+end)
+
+test:test('a follower promoted while its upstream was broken does not report it as leader', function(t)
+    t:plan(5)
+    reset()
+    local fake = new_fake()
+    local a = new_node(fake, 'a', 'aaaa', 1)
+    local b = new_node(fake, 'b', 'bbbb', 2)
+    local c = new_node(fake, 'c', 'cccc', 3)
+    run_for({a, b, c}, 1)
+    t:is(b.fo.role, 'follower', 'b follows')
+    b.box.upstream_ = {status = 'disconnected', message = 'timed out'}
+    run_for({a, b, c}, 6)
+    t:ok(b.fo:status().upstream_broken_s >= 5, 'the broken upstream is reported')
+    run_for({b, c}, 3 * TTL)  -- a is gone
+    t:is(b.fo.role, 'leader', 'b leads')
+    t:is(b.fo:status().upstream_problem, nil, 'no upstream problem once it leads')
+    t:is(b.fo:status().upstream_broken_s, nil, 'nor a time')
 end)
 
 os.exit(test:check() and 0 or 1)
