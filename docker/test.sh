@@ -54,6 +54,7 @@ export SMOKE_COMPOSE="${compose[*]}"
 
 # --- teardown, whatever happens from here on -------------------------------------
 dockerd_pid=""
+had_docker0=""
 built_base=""
 cleanup() {
     local rc=$?
@@ -85,6 +86,8 @@ cleanup() {
         kill -TERM "$dockerd_pid" 2>/dev/null || true
         for _ in $(seq 60); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.5; done
         kill -0 "$dockerd_pid" 2>/dev/null && kill -KILL "$dockerd_pid" 2>/dev/null || true
+        # dockerd leaves its default bridge behind; remove it when it was not there before us.
+        if [ -z "$had_docker0" ] && ip link show docker0 >/dev/null 2>&1; then ip link delete docker0 || true; fi
     fi
     rm -rf "$work"
     say "exit $rc"
@@ -95,6 +98,7 @@ trap 'exit 130' INT TERM
 
 # --- dockerd ---------------------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then
+    had_docker0=$(ip link show docker0 2>/dev/null || true)
     say "starting dockerd (log $work/dockerd.log)"
     dockerd >"$work/dockerd.log" 2>&1 &
     dockerd_pid=$!
