@@ -216,10 +216,16 @@ local end_recovery = quorum.strip_on_recovery()
 
 -- Tarantool 2.6.0 cannot join while synchronous writes commit (tarantool#5566):
 -- ask the leader to hold them until we are registered (or SC_JOIN_HOLD_MS).
--- Joins anyway when it cannot (an older leader; the join may then fail and the
--- supervisor restarts us).
+-- A leader that is still starting (refused, bootstrap not finished, the
+-- replication user or sc.join_hold not there yet) is asked again every
+-- 0.5 s for up to SC_JOIN_HOLD_WAIT_S: joining without the hold at a cluster's
+-- first start met the leader's first synchronous writes, and every retry of
+-- the join failed the same way for as long as they kept coming. Joins anyway
+-- after that (an older leader without sc.join_hold; the join may then fail
+-- and the supervisor restarts us).
 local join_hold_ms = util.env_number('SC_JOIN_HOLD_MS', 10000)
-local function hold_leader_for_join(uri, uuid)
+local join_hold_wait_s = util.env_number('SC_JOIN_HOLD_WAIT_S', 30)
+local function ask_join_hold(uri, uuid)
     local conn = require('net.box').connect(creds(uri), {wait_connected = 5})
     local ok, r = false, conn.error
     if conn:is_connected() then
@@ -227,10 +233,28 @@ local function hold_leader_for_join(uri, uuid)
     end
     conn:close()
     if ok and type(r) == 'table' and r.status == 'OK' then
-        log.info('the leader holds writes for our join (drained in %s ms)', tostring(r.drain_ms))
-    else
-        log.warn('the leader did not hold writes for our join (%s): joining anyway',
-            ok and json.encode(r) or tostring(r))
+        return r
+    end
+    return nil, ok and json.encode(r) or tostring(r)
+end
+
+local function hold_leader_for_join(uri, uuid)
+    local until_t = fiber.clock() + join_hold_wait_s
+    local attempts = 0
+    while true do
+        attempts = attempts + 1
+        local r, why = ask_join_hold(uri, uuid)
+        if r ~= nil then
+            log.info('the leader holds writes for our join (drained in %s ms, attempt %d)',
+                tostring(r.drain_ms), attempts)
+            return true
+        end
+        if fiber.clock() >= until_t then
+            log.warn('the leader did not hold writes for our join in %g s (%d attempts; last: %s): joining anyway',
+                join_hold_wait_s, attempts, why)
+            return false
+        end
+        fiber.sleep(0.5)
     end
 end
 

@@ -132,6 +132,12 @@ local function is_wal_error(err)
         or tostring(err):find('Failed to write to disk', 1, true) ~= nil
 end
 
+-- A synchronous write rolled back for want of a quorum: nothing is wrong with
+-- the disk, and the limbo is empty afterwards.
+local function is_sync_rollback(err)
+    return type(err) == 'cdata' and (err.code == box.error.SYNC_ROLLBACK or err.code == box.error.SYNC_QUORUM_TIMEOUT)
+end
+
 -- the instance ----------------------------------------------------------------
 
 -- opts:
@@ -866,10 +872,20 @@ function F:hold_for_join(uuid, timeout_s)
     self.fence_reason = 'join of ' .. tostring(uuid)
     self.box.forget_joined(uuid)
     local ok, err = self.box.drain()
+    if not ok and is_sync_rollback(err) then
+        -- The synchronous writes in flight were rolled back for want of a quorum (at a
+        -- cluster's first start no follower is in yet): the limbo is empty, all a join
+        -- needs. (Stepping down here kept the first followers out: each retry of their
+        -- join met the next doomed write.)
+        self.log.info('failover: writes in flight before the join of %s rolled back (%s)', uuid, tostring(err))
+        ok = true
+    end
     if not ok then
         self.handing_over = false
-        self:step_down('WAL write failed before a join: ' .. tostring(err), {wal = true})
-        return {status = 'ERROR', message = 'WAL write failed: ' .. tostring(err)}
+        local wal = is_wal_error(err)
+        self:step_down((wal and 'WAL write failed' or 'drain failed') .. ' before a join: ' .. tostring(err),
+            {wal = wal})
+        return {status = 'ERROR', message = 'drain before the join failed: ' .. tostring(err)}
     end
     self.join_hold = {uuids = {[uuid] = true}, started = t0, ['until'] = t0 + timeout_s}
     self.counters.join_holds = self.counters.join_holds + 1

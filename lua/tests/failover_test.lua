@@ -350,7 +350,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(22)
+test:plan(23)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -868,6 +868,26 @@ test:test('a follower promoted while its upstream was broken does not report it 
     t:is(b.fo.role, 'leader', 'b leads')
     t:is(b.fo:status().upstream_problem, nil, 'no upstream problem once it leads')
     t:is(b.fo:status().upstream_broken_s, nil, 'nor a time')
+end)
+
+test:test('a join hold whose drain meets a rollback for want of a quorum holds; a WAL error steps down', function(t)
+    t:plan(6)
+    reset()
+    local fake = new_fake()
+    local a = new_node(fake, 'a', 'aaaa', 1, 1)
+    run_for({a}, 1)
+    t:is(a.fo.role, 'leader', 'a lone leader (a first start: no follower yet)')
+    a.box.drain = function() return false, box.error.new(box.error.SYNC_ROLLBACK) end
+    local r = a.fo:hold_for_join('dddd', 2)
+    t:is(r.status, 'OK', 'held: the rollback emptied the limbo')
+    t:is(a.fo.wal_broken, nil, 'and the disk is not blamed')
+    run_for({a}, 3)
+    a.fo:join_hold_step()
+    t:is(a.fo.role, 'leader', 'leads again after the hold')
+    a.box.drain = function() return false, box.error.new(box.error.WAL_IO) end
+    r = a.fo:hold_for_join('eeee', 2)
+    t:is(r.status, 'ERROR', 'a WAL error is an error')
+    t:ok(a.fo.wal_broken ~= nil, 'and steps down for the disk')
 end)
 
 os.exit(test:check() and 0 or 1)
