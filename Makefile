@@ -53,11 +53,12 @@ lua-test: sysdeps  ## Lua tap tests only (lua/tests/*_test.lua)
 		echo "== $$t"; (cd lua && tarantool "tests/$$(basename $$t)") || exit 1; \
 	done
 
-lint: venv  ## ruff (check + format), mypy strict on service/, luacheck on lua/, PROTOCOL.md tables vs the registry, promtool on the alert rules
+lint: venv  ## ruff (check + format), mypy strict on service/, luacheck on lua/, the registry check, PROTOCOL.md tables vs the registry, promtool on the alert rules
 	$(VENV)/bin/ruff check service tests loadtest devtools
 	$(VENV)/bin/ruff format --check service tests loadtest devtools
 	$(VENV)/bin/mypy service devtools
 	luacheck lua
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_registry.py
 	$(PY) -m devtools.protocol_doc --check
 	$(VENV)/bin/ruff check docker && $(VENV)/bin/ruff format --check docker
 	@command -v promtool >/dev/null || { echo "installing: prometheus (promtool)"; \
