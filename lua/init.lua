@@ -313,7 +313,7 @@ else
                                     on_promote = admin_setup}),
         cluster = ha.cluster, uri = util.env_string('SC_ADVERTISE', listen),
         ttl = ha.ttl, margin = ha.margin, poll = ha.poll, quorum = ha.quorum,
-        election_quorum = ha.election_quorum, candidate = ha.candidate, data_dir = data_dir, size = ha.size,
+        election_quorum = ha.election_quorum, candidate = ha.candidate, data_dir = data_dir,
     })
     if plan.lease ~= nil then
         -- The bootstrap lease holds the leader key already: the first control step promotes.

@@ -164,7 +164,6 @@ function M.new(opts)
     self.keepalive_interval = self.ttl / 3
     self.poll = opts.poll or 0.2
     self.quorum = opts.quorum or 2                       -- synchronous replication quorum
-    self.size = opts.size                                -- configured members (caps the quorum), or nil
     self.election_quorum = opts.election_quorum or self.quorum  -- eligible members that must have published
     self.effective_quorum = nil  -- what box.cfg.replication_synchro_quorum is set to by quorum_step
     self.candidate_allowed = opts.candidate ~= false
@@ -339,21 +338,8 @@ end
 -- (quorum 2 with two replicas: 480 of 20,000 writes; quorum 3 with two
 -- replicas, or 2 with one: none). Durability never drops below the
 -- configured quorum.
---
--- "Attached" counts a follower from the moment it logs in as the replication
--- user (box.session.on_auth, before it subscribes and can acknowledge: the
--- logins of the last LOGIN_WINDOW_S), not only from when its relay shows up in
--- box.info.replication: the guard used to raise the
--- quorum up to 50 ms after that, and a fault-suite heal in which both followers
--- came back 32 ms apart met exactly the quorum-2-with-two-replicas state inside
--- that window; writes already confirmed were rolled back on the leader only,
--- and both followers stopped on a reused event sequence number.
 function F:quorum_for(attached)
-    local q = math.max(self.quorum, attached + 1)
-    if self.size ~= nil then
-        q = math.min(q, math.max(self.quorum, self.size))
-    end
-    return q
+    return math.max(self.quorum, attached + 1)
 end
 
 function F:quorum_step()
@@ -365,9 +351,6 @@ function F:quorum_step()
         if d.status == 'follow' then
             attached = attached + 1
         end
-    end
-    if self.box.recent_replica_logins ~= nil then
-        attached = math.max(attached, self.box.recent_replica_logins())
     end
     local q = self:quorum_for(attached)
     if q ~= self.effective_quorum then
@@ -443,8 +426,6 @@ end
 -- reconnect it every UPSTREAM_RETRY_S, and report it (health) while it does
 -- not follow.
 M.UPSTREAM_RETRY_S = 5
--- How long a login of the replication user counts as a follower attaching (quorum_for).
-M.LOGIN_WINDOW_S = 1.0
 function F:watch_upstream(leader)
     local up = self.box.upstream()
     if up == nil or up.status == 'follow' then
@@ -983,12 +964,6 @@ end
 
 function F:start()
     self.stopped = false
-    if self.box.on_replica_login ~= nil then
-        -- Raise the quorum at once when a follower logs in (see quorum_for).
-        self.box.on_replica_login(function()
-            pcall(self.quorum_step, self)
-        end)
-    end
     self.fibers = {
         fiber.create(loop, 'failover_lease', self, F.lease_step, function(s)
             if s.lease_id == nil then
@@ -1034,28 +1009,6 @@ function M.box_adapter(opts)
             box.space.sc_meta:replace({'failover_probe', fiber.time()})
             require('smartcache.quorum').join()
         end)
-    end
-    -- Logins of the replication user in the last LOGIN_WINDOW_S: a follower
-    -- counts from its login on, before its relay exists (quorum_for). A login
-    -- that leads nowhere (a join-hold call, an applier that fails at once)
-    -- raises the quorum for at most that long. (Sessions themselves were tried:
-    -- those of killed followers lingered, and kept the quorum too high.)
-    local logins = {}
-    local on_login = nil
-    box.session.on_auth(function(user, ok)
-        if ok and user == opts.user then
-            table.insert(logins, fiber.clock())
-            if on_login ~= nil then
-                on_login()
-            end
-        end
-    end)
-    local function recent_logins()
-        local cutoff = fiber.clock() - M.LOGIN_WINDOW_S
-        while logins[1] ~= nil and logins[1] < cutoff do
-            table.remove(logins, 1)
-        end
-        return #logins
     end
     -- Instances whose registration (a _cluster insert: the end of a join's
     -- initial stage) committed here.
@@ -1174,10 +1127,6 @@ function M.box_adapter(opts)
         end,
         forget_joined = function(uuid)
             joined[uuid] = nil
-        end,
-        recent_replica_logins = recent_logins,
-        on_replica_login = function(f)
-            on_login = f
         end,
         quiesce = function()
             local expiry = require('smartcache.expiry')

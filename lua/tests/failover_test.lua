@@ -350,7 +350,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(24)
+test:plan(23)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -888,31 +888,6 @@ test:test('a join hold whose drain meets a rollback for want of a quorum holds; 
     r = a.fo:hold_for_join('eeee', 2)
     t:is(r.status, 'ERROR', 'a WAL error is an error')
     t:ok(a.fo.wal_broken ~= nil, 'and steps down for the disk')
-end)
-
-test:test('the quorum counts a follower from its login on, capped by the configured size', function(t)
-    t:plan(5)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1, 1)
-    a.fo.size = 3
-    run_for({a}, 1)
-    a.fo:quorum_step()
-    t:is(a.box.quorum, 1, 'a lone leader of a one-quorum set: 1')
-    local logged_in = 0
-    a.box.recent_replica_logins = function() return logged_in end
-    logged_in = 1
-    a.fo:quorum_step()
-    t:is(a.box.quorum, 2, 'a follower logged in, no relay yet: 2 at once')
-    logged_in = 2
-    a.fo:quorum_step()
-    t:is(a.box.quorum, 3, 'two: 3')
-    logged_in = 5
-    a.fo:quorum_step()
-    t:is(a.box.quorum, 3, 'never above the configured size')
-    logged_in = 0
-    a.fo:quorum_step()
-    t:is(a.box.quorum, 1, 'down again when the logins are old and no relay follows')
 end)
 
 os.exit(test:check() and 0 or 1)
