@@ -870,12 +870,18 @@ test:test('a follower promoted while its upstream was broken does not report it 
     t:is(b.fo:status().upstream_broken_s, nil, 'nor a time')
 end)
 
-test:test('a join hold whose drain meets a rollback for want of a quorum holds; a WAL error steps down', function(t)
-    t:plan(6)
+-- A one-member set whose only instance leads (a cluster's first start).
+local function lone_leader()
     reset()
     local fake = new_fake()
     local a = new_node(fake, 'a', 'aaaa', 1, 1)
     run_for({a}, 1)
+    return a, fake
+end
+
+test:test('a join hold whose drain meets a rollback for want of a quorum holds; a WAL error steps down', function(t)
+    t:plan(6)
+    local a = lone_leader()
     t:is(a.fo.role, 'leader', 'a lone leader (a first start: no follower yet)')
     a.box.drain = function() return false, box.error.new(box.error.SYNC_ROLLBACK) end
     local r = a.fo:hold_for_join('dddd', 2)
@@ -892,10 +898,7 @@ end)
 
 test:test('the quorum goes up only once the limbo has drained, with writes held meanwhile', function(t)
     t:plan(7)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1, 1)
-    run_for({a}, 1)
+    local a, fake = lone_leader()
     a.fo:quorum_step()
     t:is(a.box.quorum, 1, 'a lone leader: quorum 1')
     local busy = 3
