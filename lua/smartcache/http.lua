@@ -157,7 +157,7 @@ local function metrics()
             {{'', st.diverged ~= nil and 1 or 0}})
         local events = {}
         for _, e in ipairs({'elections_won', 'promotions', 'fences', 'step_downs', 'etcd_errors', 'divergences',
-                            'switchovers', 'join_holds', 'reconnects'}) do
+                            'switchovers', 'join_holds', 'reconnects', 'quorum_raises'}) do
             table.insert(events, {string.format('{event="%s"}', e), st.counters[e]})
         end
         metric(out, 'smartcache_tarantool_failover_events_total', 'counter', 'Failover events on this instance.',

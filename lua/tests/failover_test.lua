@@ -350,7 +350,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(23)
+test:plan(24)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -870,12 +870,18 @@ test:test('a follower promoted while its upstream was broken does not report it 
     t:is(b.fo:status().upstream_broken_s, nil, 'nor a time')
 end)
 
-test:test('a join hold whose drain meets a rollback for want of a quorum holds; a WAL error steps down', function(t)
-    t:plan(6)
+-- A one-member set whose only instance leads (a cluster's first start).
+local function lone_leader()
     reset()
     local fake = new_fake()
     local a = new_node(fake, 'a', 'aaaa', 1, 1)
     run_for({a}, 1)
+    return a, fake
+end
+
+test:test('a join hold whose drain meets a rollback for want of a quorum holds; a WAL error steps down', function(t)
+    t:plan(6)
+    local a = lone_leader()
     t:is(a.fo.role, 'leader', 'a lone leader (a first start: no follower yet)')
     a.box.drain = function() return false, box.error.new(box.error.SYNC_ROLLBACK) end
     local r = a.fo:hold_for_join('dddd', 2)
@@ -888,6 +894,33 @@ test:test('a join hold whose drain meets a rollback for want of a quorum holds; 
     r = a.fo:hold_for_join('eeee', 2)
     t:is(r.status, 'ERROR', 'a WAL error is an error')
     t:ok(a.fo.wal_broken ~= nil, 'and steps down for the disk')
+end)
+
+test:test('the quorum goes up only once the limbo has drained, with writes held meanwhile', function(t)
+    t:plan(7)
+    local a, fake = lone_leader()
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 1, 'a lone leader: quorum 1')
+    local busy = 3
+    a.box.limbo_busy = function() return busy > 0 end
+    local seen = {}
+    a.box.set_quorum = function(q)
+        seen = {q = q, busy = busy > 0, writable = a.fo.writable()}
+        a.box.quorum = q
+    end
+    local sleep0 = a.fo.sleep
+    a.fo.sleep = function(s)
+        busy = busy - 1
+        t:ok(not a.fo.writable() or busy < 0, 'no writes while the limbo drains')
+        sleep0(s)
+    end
+    a.box.following = nil
+    local b = new_node(fake, 'b', 'bbbb', 2)
+    b.box.following = a.box.uri  -- a follower attaches
+    a.fo:quorum_step()
+    t:is(seen.q, 2, 'raised to 2')
+    t:ok(not seen.busy and not seen.writable, 'with the limbo empty and writes held')
+    t:ok(a.fo.writable() and a.fo.role == 'leader', 'writable again after it')
 end)
 
 os.exit(test:check() and 0 or 1)

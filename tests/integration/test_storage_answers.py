@@ -145,7 +145,9 @@ def test_a_synchronous_write_without_its_quorum_is_outcome_unknown_counted_and_l
     assert quorum_timeouts + rollbacks == 10
     assert internal == 0
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    failing = [line for line in lines if line["event"] == "storage_writes_failing"]
+    # A leader answers NOT_LEADER for the few ms it holds writes to raise its quorum when a follower
+    # (re)attaches; the service retries those, and they are a streak of their own in the log.
+    failing = [line for line in lines if line["event"] == "storage_writes_failing" and line["reason"] != "not_leader"]
     assert [line["reason"] for line in failing] == ["sync_quorum_timeout", "sync_rollback"][: len(failing)]
     assert len(failing) == (2 if rollbacks else 1)  # once per streak of a reason, not once per write
     assert not [line for line in lines if line["event"] == "handler_failed"]
