@@ -1273,6 +1273,16 @@ function M.role()
     return out
 end
 
+-- An operator call's timeout_ms (nil: default_ms) in seconds, or nil and the BAD_REQUEST answer.
+local function timeout_s_of(timeout_ms, default_ms)
+    if timeout_ms == nil then
+        return default_ms / 1000
+    elseif type(timeout_ms) ~= 'number' or timeout_ms <= 0 or timeout_ms > 60000 then
+        return nil, {status = 'BAD_REQUEST', message = 'timeout_ms must be in 1..60000'}
+    end
+    return timeout_ms / 1000
+end
+
 -- sc.switchover(candidate_uuid?, timeout_ms?), on the leader.
 function M.switchover(candidate_uuid, timeout_ms)
     local inst = M.instance
@@ -1284,12 +1294,11 @@ function M.switchover(candidate_uuid, timeout_ms)
     elseif type(candidate_uuid) ~= 'string' then
         return {status = 'BAD_REQUEST', message = 'candidate_uuid must be a string'}
     end
-    if timeout_ms == nil then
-        timeout_ms = 5000
-    elseif type(timeout_ms) ~= 'number' or timeout_ms <= 0 or timeout_ms > 60000 then
-        return {status = 'BAD_REQUEST', message = 'timeout_ms must be in 1..60000'}
+    local timeout_s, bad = timeout_s_of(timeout_ms, 5000)
+    if timeout_s == nil then
+        return bad
     end
-    return inst:switchover(candidate_uuid, timeout_ms / 1000)
+    return inst:switchover(candidate_uuid, timeout_s)
 end
 
 -- sc.join_hold(instance_uuid, timeout_ms?), on the leader, by an instance
@@ -1302,12 +1311,11 @@ function M.join_hold(instance_uuid, timeout_ms)
     if type(instance_uuid) ~= 'string' or #instance_uuid ~= 36 then
         return {status = 'BAD_REQUEST', message = 'instance_uuid must be a uuid string'}
     end
-    if timeout_ms == nil then
-        timeout_ms = 10000
-    elseif type(timeout_ms) ~= 'number' or timeout_ms <= 0 or timeout_ms > 60000 then
-        return {status = 'BAD_REQUEST', message = 'timeout_ms must be in 1..60000'}
+    local timeout_s, bad = timeout_s_of(timeout_ms, 10000)
+    if timeout_s == nil then
+        return bad
     end
-    return inst:hold_for_join(instance_uuid, timeout_ms / 1000)
+    return inst:hold_for_join(instance_uuid, timeout_s)
 end
 
 -- sc.rejoin(instance_uuid, force?), on the instance to rebuild: leaves a marker

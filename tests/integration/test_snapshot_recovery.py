@@ -69,6 +69,18 @@ def write_everything(ha: HACluster, leader: str, tag: str) -> list[str]:
     return sids
 
 
+def rebuild(ha: HACluster, target: str) -> None:
+    """`cluster rejoin --force` of target (sc.rejoin: it exits), started again: it joins the leader empty."""
+    uuid = ha.role(target)["instance_uuid"]  # type: ignore[index]
+    answer = ha.operator_call(target, "rejoin", uuid, True)
+    assert answer is not None
+    assert answer["status"] == "OK", answer
+    node = ha.nodes[target]
+    eventually(lambda: not node.alive(), what="exit after rejoin")
+    ha.restart(target)
+    ha.wait_role(target, "follower", timeout_s=60)
+
+
 def all_there(ha: HACluster, name: str, sids: list[str]) -> bool:
     return all(ha.status_of(name, "session_get", sid) == "OK" for sid in sids)
 
@@ -109,14 +121,7 @@ def test_a_member_rebuilt_by_rejoin_joins_from_the_leaders_snapshot(ha: HACluste
     sids = write_everything(ha, leader, "joined")
     checkpoint_all(ha)
     target = next(n for n in ha.nodes if n != leader)
-    uuid = ha.role(target)["instance_uuid"]  # type: ignore[index]
-    answer = ha.operator_call(target, "rejoin", uuid, True)
-    assert answer is not None
-    assert answer["status"] == "OK", answer
-    node = ha.nodes[target]
-    eventually(lambda: not node.alive(), what="exit after rejoin")
-    ha.restart(target)
-    ha.wait_role(target, "follower", timeout_s=60)
+    rebuild(ha, target)
     eventually(lambda: all_there(ha, target, sids), what="the rebuilt member has every session")
     # And it restarts from a snapshot of its own as well.
     sids += write_everything(ha, leader, "rejoined")
@@ -178,16 +183,9 @@ def test_a_member_rebuilt_under_synchronous_load_joins_and_has_every_acknowledge
     the leader to hold writes (sc.join_hold) until it is registered. Writers run all along."""
     leader = ha.leader()
     target = next(n for n in ha.nodes if n != leader)
-    uuid = ha.role(target)["instance_uuid"]  # type: ignore[index]
     with Writer(ha) as writer:
         eventually(lambda: len(writer.acked) > 200, what="writes under way")
-        answer = ha.operator_call(target, "rejoin", uuid, True)
-        assert answer is not None
-        assert answer["status"] == "OK", answer
-        node = ha.nodes[target]
-        eventually(lambda: not node.alive(), what="exit after rejoin")
-        ha.restart(target)
-        ha.wait_role(target, "follower", timeout_s=60)
+        rebuild(ha, target)
         at_join = len(writer.acked)
         eventually(lambda: len(writer.acked) > at_join + 200, what="writes go on after the join")
     acked = [sid for _, sid in writer.acked]
