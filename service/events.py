@@ -82,9 +82,11 @@ def topic_label(topic: str) -> str:
     return "app" if topic.startswith("app.") else "other"
 
 
-def event_frames(event: dict[str, Any]) -> list[bytes]:
-    """The three frames of one published event."""
-    return [event["topic"].encode(), SEQ.pack(event["seq"]), msgpack.packb(event, use_bin_type=True)]
+def event_frames(seq: int, time_ms: int, topic: str, key: str, payload: Any = None) -> list[bytes]:
+    """The three frames of one published event, from its fields in the order of the stored tuple
+    (``events_read`` with rows: ``event_frames(*row)``; a tuple without a payload has four)."""
+    body = {"seq": seq, "time_ms": time_ms, "topic": topic, "key": key, "payload": payload}
+    return [topic.encode(), SEQ.pack(seq), msgpack.packb(body, use_bin_type=True)]
 
 
 def heartbeat_frames(seq: int) -> list[bytes]:
@@ -231,7 +233,8 @@ class EventPublisher:
             self._metrics.events_published_seq.set(self.cursor)
             log.info("events_reader_started", head_seq=self.cursor)
             return
-        r = await storage.call("events_read", [self.cursor, None, BATCH, READ_WAIT_MS])
+        # rows: each event as its stored tuple (no map built and no payload decoded in storage)
+        r = await storage.call("events_read", [self.cursor, None, BATCH, READ_WAIT_MS, True])
         status = r["status"]
         if status == "CURSOR_TOO_OLD":
             # Days without a publisher: subscribers find the same gap and get CURSOR_TOO_OLD themselves.
@@ -257,15 +260,20 @@ class EventPublisher:
         assert self._sock is not None
         return self._sock
 
-    def _publish(self, events: list[dict[str, Any]], storage: Storage) -> None:
+    def _publish(self, rows: list[list[Any]], storage: Storage) -> None:
+        """Send each event, ``rows`` as ``events_read`` answers with rows: {seq, time_ms, topic, key, payload?}."""
         sock, m = self._pub, self._metrics
         leader = storage.leader
         offset_ms = leader.offset_ms if leader is not None else 0.0
         now_ms = time.time() * 1000
         counts: dict[str, int] = {}
-        for event in events:
-            send_frames(sock, event_frames(event))
-            topic = event["topic"]
+        # With no connection to the socket ZeroMQ would drop every message: build none. A subscriber
+        # connecting meanwhile finds the gap at its first event or heartbeat and reads it (Clone pattern).
+        send = self._subscribers > 0
+        for row in rows:
+            if send:
+                send_frames(sock, event_frames(*row))
+            topic = row[2]
             counts[topic] = counts.get(topic, 0) + 1
         # Metrics once per batch, not per event (a counter and a histogram per event were a fifth of the
         # publisher's cost): the delay is the oldest event's of the batch, the longest any of it waited.
@@ -274,8 +282,8 @@ class EventPublisher:
             if counter is None:
                 counter = self._labels[topic] = m.events_published.labels(topic_label(topic))
             counter.inc(n)
-        if events:
-            m.events_delay.observe(max(0.0, now_ms - (events[0]["time_ms"] - offset_ms)) / 1000)
+        if rows:
+            m.events_delay.observe(max(0.0, now_ms - (rows[0][1] - offset_ms)) / 1000)
 
     async def _stats(self, storage: Storage) -> None:
         s = await storage.call("events_stats", [])

@@ -94,7 +94,7 @@ function M.sweep_once(name)
         end
     end
     if #due > 0 then
-        box.atomic(function()
+        util.atomic(function()
             for _, t in ipairs(due) do
                 spec.delete(t)
             end

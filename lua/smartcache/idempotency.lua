@@ -45,7 +45,7 @@ function M.run(procedure, key, fn, ...)
         return util.bad_request(err)
     end
     local fp = fingerprint(procedure, ...)
-    return box.atomic(function(...)
+    return util.atomic(function(...)
         local now = util.now_ms()
         local t = box.space.idempotency:get(key)
         if t ~= nil and t[F.expires_at] > now then

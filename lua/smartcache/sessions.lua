@@ -28,6 +28,14 @@ local function ttl_ms(ttl_s)
     return ttl_s * 1000, err
 end
 
+-- The payload of an event about a session: {client_id}, filled anew for each
+-- event (the event's insert encodes it at once), so a write allocates none.
+local about = {client_id = ''}
+local function of_client(client_id)
+    about.client_id = client_id
+    return about
+end
+
 -- id nil: a new random (version 4) UUID, returned as session_id. Generated
 -- here, so a repeat under an idempotency key has the same arguments.
 function M.create(id, client_id, version, ttl_s, data)
@@ -48,10 +56,10 @@ function M.create(id, client_id, version, ttl_s, data)
         end
         local leftover = box.space.sessions:get(id)  -- expired, not swept yet: it ends here
         if leftover ~= nil then
-            events.write('session.expired', id, {client_id = leftover[F.client_id]})
+            events.write('session.expired', id, of_client(leftover[F.client_id]))
         end
         box.space.sessions:replace({id, client_id, util.opt(version, ''), 1, now, ttl, now + ttl, data})
-        events.write('session.created', id, {client_id = client_id})
+        events.write('session.created', id, of_client(client_id))
         return util.result('OK', {session_id = id, expires_in_ms = ttl, rev = 1})
     end)
 end
@@ -151,7 +159,7 @@ local function drop(id)
     local t = box.space.sessions:delete(id)
     if t ~= nil then
         local topic = t[F.expires_at] <= util.now_ms() and 'session.expired' or 'session.deleted'
-        events.write(topic, id, {client_id = t[F.client_id]})
+        events.write(topic, id, of_client(t[F.client_id]))
     end
     return #entries
 end

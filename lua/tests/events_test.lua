@@ -12,7 +12,7 @@ local partitions = require('smartcache.event_partitions')
 local expiry = require('smartcache.expiry')
 
 local test = tap.test('events')
-test:plan(14)
+test:plan(16)
 
 local DAY_MS = partitions.DAY_MS
 local real_clock = partitions.clock
@@ -138,34 +138,42 @@ test:test('a rolled-back transaction takes its sequence back; the next event reu
     t:is(events.visible(), h + 1, 'visible again once committed')
 end)
 
-test:test('readers never see an event whose transaction waits for its quorum, and it may roll back', function(t)
-    t:plan(6)
-    -- A synchronous space with a quorum of 2 and no replica: its commit waits, then rolls back.
-    local probe = box.schema.space.create('sync_probe', {is_sync = true, if_not_exists = true})
-    probe:create_index('primary', {if_not_exists = true})
-    box.cfg({replication_synchro_quorum = 2, replication_synchro_timeout = 0.5})
-    local h = head()
-    local reader = read_async(h, nil, 3000)
-    local writer = fiber.channel(1)
-    fiber.create(function()
-        writer:put({pcall(box.atomic, function()
-            probe:replace({1})
-            events.write('app.unconfirmed', 'k', nil, true)
-        end)})
+-- Both ways a transaction's events settle: util.atomic reports its end from the committing fiber,
+-- a transaction it did not open (box.atomic) gets a commit and a rollback trigger.
+for _, way in ipairs({{'util.atomic', util.atomic}, {'box.atomic', box.atomic}}) do
+    local name, atomic = way[1], way[2]
+    test:test('readers never see an event whose transaction waits for its quorum, and it may roll back ('
+              .. name .. ')', function(t)
+        t:plan(8)
+        -- A synchronous space with a quorum of 2 and no replica: its commit waits, then rolls back.
+        local probe = box.schema.space.create('sync_probe', {is_sync = true, if_not_exists = true})
+        probe:create_index('primary', {if_not_exists = true})
+        box.cfg({replication_synchro_quorum = 2, replication_synchro_timeout = 0.5})
+        local h = head()
+        local reader = read_async(h, nil, 3000)
+        local writer = fiber.channel(1)
+        fiber.create(function()
+            writer:put({pcall(atomic, function()
+                probe:replace({1})
+                events.write('app.unconfirmed', 'k', nil, true)
+            end)})
+        end)
+        fiber.sleep(0.1)
+        t:is(partitions.head(), h + 1, 'the event is in the space (2.6: no MVCC)')
+        t:is(head(), h, 'but the head readers see has not moved')
+        t:is(#read_all(h), 0, 'and a read finds nothing')
+        local ok = unpack(writer:get(5))
+        t:ok(not ok, 'the transaction rolled back without its quorum')
+        box.cfg({replication_synchro_quorum = 1})
+        local r = sc.event_publish(nil, 'app.confirmed', 'k', nil)
+        t:is(r.seq, h + 1, 'its number is taken by the next event')
+        local got = reader:get(5)[1]
+        t:is_deeply(summary(got.events), {'app.confirmed k'}, 'the waiting reader saw only the committed event')
+        t:is(events.unsettled(), 0, 'no reader asked, and the ring keeps nothing once every transaction ended')
+        t:is(events.visible(), h + 1, 'nothing left unsettled: the head is the last committed event')
+        probe:drop()
     end)
-    fiber.sleep(0.1)
-    t:is(partitions.head(), h + 1, 'the event is in the space (2.6: no MVCC)')
-    t:is(head(), h, 'but the head readers see has not moved')
-    t:is(#read_all(h), 0, 'and a read finds nothing')
-    local ok = unpack(writer:get(5))
-    t:ok(not ok, 'the transaction rolled back without its quorum')
-    box.cfg({replication_synchro_quorum = 1})
-    local r = sc.event_publish(nil, 'app.confirmed', 'k', nil)
-    t:is(r.seq, h + 1, 'its number is taken by the next event')
-    local got = reader:get(5)[1]
-    t:is_deeply(summary(got.events), {'app.confirmed k'}, 'the waiting reader saw only the committed event')
-    probe:drop()
-end)
+end
 
 test:test('a waiting reader is woken by the commit, not by the timer', function(t)
     t:plan(4)
@@ -179,6 +187,23 @@ test:test('a waiting reader is woken by the commit, not by the timer', function(
     t:ok(waited < 0.2, string.format('woken at once (%.1f ms after it started waiting)', waited * 1000))
     local empty, slept = unpack(read_async(head(), nil, 200):get(5))
     t:ok(#empty.events == 0 and slept >= 0.19, 'nothing committed: an empty answer at wait_ms')
+end)
+
+test:test('rows = true: the same events as the stored tuples {seq, time_ms, topic, key, payload}', function(t)
+    t:plan(3)
+    local h = head()
+    sc.event_publish(nil, 'app.row', 'k1', {n = 1})
+    sc.event_publish(nil, 'app.row', 'k2', nil)
+    local maps = read_all(h)
+    local r = sc.events_read(nil, h, nil, 1000, 0, true)
+    local same = #r.events == #maps
+    for i, row in ipairs(r.events) do
+        local m = maps[i]
+        same = same and row[1] == m.seq and row[2] == m.time_ms and row[3] == m.topic and row[4] == m.key
+    end
+    t:ok(same, 'seq, time, topic and key in this order')
+    t:is_deeply(r.events[1][5], {n = 1}, 'the payload last')
+    t:is(sc.events_read(nil, h, nil, 10, 0, 'yes').status, 'BAD_REQUEST', 'rows is a boolean')
 end)
 
 test:test('topic prefixes filter; the cursor moves past what does not match', function(t)

@@ -96,7 +96,7 @@ def test_the_stream_is_delivered_in_order_and_duplicates_from_a_second_publisher
         _subscribed(sock)
         events = [svc.add("session.created", f"s{i}") for i in range(3)]
         for e in events + events:  # the same events twice: two publishers
-            sock.send_multipart(event_frames(e))
+            sock.send_multipart(event_frames(**e))
         got = _drain(sub, 3)
         assert sub.poll(0.05) is None
     assert [e.seq for e in got] == [1, 2, 3]
@@ -112,7 +112,7 @@ def test_a_gap_is_read_from_storage_and_each_event_comes_once(pub: Any) -> None:
         _subscribed(sock)
         events = [svc.add("app.x") for _ in range(5)]
         for e in (events[0], events[3], events[4]):  # 2 and 3 were lost (HWM, reconnect)
-            sock.send_multipart(event_frames(e))
+            sock.send_multipart(event_frames(**e))
         got = _drain(sub, 5)
         assert sub.poll(0.05) is None
     assert [e.seq for e in got] == [1, 2, 3, 4, 5]
@@ -139,7 +139,7 @@ def test_a_late_start_catches_up_from_from_seq_then_follows_the_stream(pub: Any)
         _subscribed(sock)
         got = _drain(sub, 500)
         live = svc.add("app.new")
-        sock.send_multipart(event_frames(live))
+        sock.send_multipart(event_frames(**live))
         got += _drain(sub, 1)
     assert [e.seq for e in got] == list(range(2001, 2502))
 
@@ -150,7 +150,7 @@ def test_topics_filter_here_and_the_cursor_moves_past_what_they_skip(pub: Any) -
     with Subscription(svc, endpoint, topics=["session."]) as sub:
         _subscribed(sock)
         for topic in ("session.created", "app.noise", "session.deleted"):
-            sock.send_multipart(event_frames(svc.add(topic)))
+            sock.send_multipart(event_frames(**svc.add(topic)))
         got = _drain(sub, 2)
         assert sub.poll(0.05) is None
     assert [(e.seq, e.topic) for e in got] == [(1, "session.created"), (3, "session.deleted")]
