@@ -25,7 +25,10 @@ the workers have threads. The reader follows the leader like the workers do
 goes on from its last sequence on the new leader, which has every acknowledged
 event (synchronous partitions in HA), so the stream stays gap-free. It starts at the head: events committed
 while no publisher ran are read by subscribers with EVENTS_READ, never
-replayed here.
+replayed here. While nothing is connected to the socket (its monitor says) it
+builds no messages and reads every UNWATCHED_READ_PAUSE_S, in batches: the
+cursor and the metrics stay true at a fraction of the cost, and a subscriber
+that connects meanwhile finds the gap at its first event or heartbeat.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ BATCH = 1000
 READ_WAIT_MS = 1000
 #: while no leader is known, look again this often
 NO_LEADER_DELAY_S = 0.05
+#: while nothing is connected to the socket, read this often (in batches: the cursor and the metrics
+#: stay true, the lag at most this; measured: reading at once cost the session bench a tenth at W=16)
+UNWATCHED_READ_PAUSE_S = 0.1
 #: after a failed read, wait this long before the next
 RETRY_DELAY_S = 0.5
 #: partitions and the oldest kept sequence are asked this often
@@ -208,6 +214,9 @@ class EventPublisher:
         failing = False
         while True:
             self._count_subscribers()
+            if self._subscribers == 0 and self.cursor is not None:
+                await asyncio.sleep(UNWATCHED_READ_PAUSE_S)
+                self._count_subscribers()
             if storage.leader is None:
                 await asyncio.sleep(NO_LEADER_DELAY_S)
                 continue
