@@ -18,6 +18,9 @@ from service.client import Client, CurveKeys
 from service.security import create_key_pair
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: Tarantool's memory in benchmarks: a bench run writes about a million sessions (30 min lifetime) and as many
+#: events; the test stacks' 128 MiB filled up during the direct row ("Failed to allocate ... for memtx_tuple")
+BENCH_MEMTX_MEMORY = str(1 << 30)
 
 
 @dataclass
@@ -45,7 +48,8 @@ def stack(
 ) -> Iterator[tuple[Tarantool, ServiceUnderTest]]:
     """Tarantool master + `python -m service` on free ports; everything stopped by PID afterwards."""
     base = Path(tempfile.mkdtemp(prefix="smartcache-bench-"))
-    master = Tarantool.create("bench-master", base, extra_env={"SC_LOG_LEVEL": "4", **(tarantool_env or {})})
+    env = {"SC_LOG_LEVEL": "4", "SC_MEMTX_MEMORY": BENCH_MEMTX_MEMORY, **(tarantool_env or {})}
+    master = Tarantool.create("bench-master", base, extra_env=env)
     master.start()
     try:
         master.wait_ready()
@@ -95,6 +99,7 @@ def ha_stack(ttl_s: int = 5) -> Iterator[tuple[list[Tarantool], ServiceUnderTest
         etcd.wait_ready()
         env = {
             "SC_LOG_LEVEL": "4",
+            "SC_MEMTX_MEMORY": BENCH_MEMTX_MEMORY,
             "SC_ETCD": etcd.url,
             "SC_CLUSTER": "bench",
             "SC_CLUSTER_SIZE": "3",

@@ -82,6 +82,24 @@ def test_each_change_reaches_a_subscriber_of_the_other_instance_in_order(storage
     assert got[1].payload == {"client_id": "client-ev", "rev": 2}
 
 
+def test_with_nothing_connected_the_publisher_keeps_up_and_a_late_subscriber_reads_the_gap(svc: Running) -> None:
+    eventually(lambda: _reading(svc), what="the reader started")
+    assert metric(svc.metrics_url, "smartcache_events_subscribers") == 0
+    start = svc.client.call("EVENTS_READ").body["head_seq"]
+    sids = [str(svc.client.session_create("client-unwatched").session_id) for _ in range(5)]
+    head = svc.client.call("EVENTS_READ").body["head_seq"]
+    # Nobody listens: no message is built, but the cursor and the metrics follow the log (in batches).
+    eventually(lambda: metric(svc.metrics_url, "smartcache_events_published_seq") >= head, what="cursor at the head")
+    with svc.client.subscribe(["session.created"], from_seq=start + 1, publishers=_publisher(svc)) as sub:
+        got: list[str] = []
+        while len(got) < len(sids):
+            e = sub.poll(10.0)
+            assert e is not None, f"got {got}"
+            if e.key in sids:
+                got.append(e.key)
+    assert got == sids, "every session's event once, in order, read from the log: nothing was connected"
+
+
 def test_events_read_answers_at_once_or_waits_for_the_next_commit(svc: Running) -> None:
     c = svc.client
     head = c.call("EVENTS_READ").body["head_seq"]
