@@ -421,7 +421,7 @@ def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
                     etcd.wait_ready()
                 except (RuntimeError, TimeoutError) as e:
                     raise NotReady(str(e)) from e
-        leader = _wait_leader(instances, stop)
+        leader = wait_cluster_formed(instances, stop)
         backend.wait_listening(p["BACKEND_PORT"], stop=stop)
         service.wait_listening(p["SMARTCACHE_METRICS_PORT"], *filter(None, [plan.listen_port]), stop=stop)
         service.wait_until("/health/ready 200", lambda: _http_status(metrics_url + "/health/ready") == 200, stop=stop)
@@ -464,7 +464,7 @@ def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
             tail.stop()
 
 
-def _wait_leader(instances: list[Tarantool], stop: threading.Event) -> Tarantool:
+def wait_cluster_formed(instances: list[Tarantool], stop: threading.Event) -> Tarantool:
     """Until etcd has elected one instance and the others follow it (so a synchronous write finds its
     quorum at once: the first write of the quick start must not wait for followers); returns the leader."""
     elected: list[Tarantool] = []
