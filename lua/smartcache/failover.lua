@@ -894,6 +894,28 @@ function F:hand_over(cand, timeout_s)
             pause_ms = math.floor((self.clock() - t0) * 1000), candidate_uuid = cand.uuid, term = rev}
 end
 
+-- A join hold's drain still running after this long has met a write stuck in
+-- 2.6.0's limbo: a healthy one ends in 0-5 ms, and a synchronous write without
+-- its quorum is rolled back after replication_synchro_timeout (2 s). Every
+-- write would queue behind it, so the leader steps down and another leads (the
+-- fault suite saw a leader stay fenced by such a drain for minutes, once).
+M.JOIN_DRAIN_TIMEOUT_S = 5
+
+-- box.drain on a fiber of its own, waited for at most timeout_s; ok, err.
+function F:bounded_drain(timeout_s)
+    local done = fiber.channel(1)
+    fiber.create(function()
+        fiber.name('failover_drain')
+        local ok, err = self.box.drain()
+        done:put({ok = ok, err = err})
+    end)
+    local r = done:get(timeout_s)
+    if r == nil then
+        return false, string.format('the drain did not finish in %.1f s (a write stuck in the limbo)', timeout_s)
+    end
+    return r.ok, r.err
+end
+
 -- A replica's join, asked of the leader by the joining instance before it
 -- joins. Tarantool 2.6.0 cannot take a CONFIRM or ROLLBACK row in the final
 -- stage of a join (tarantool#5566, fixed later: the joining instance dies with
@@ -919,7 +941,7 @@ function F:hold_for_join(uuid, timeout_s)
     self.role = 'fenced'
     self.fence_reason = 'join of ' .. tostring(uuid)
     self.box.forget_joined(uuid)
-    local ok, err = self.box.drain()
+    local ok, err = self:bounded_drain(self.join_drain_timeout_s or M.JOIN_DRAIN_TIMEOUT_S)
     if not ok and is_sync_rollback(err) then
         -- The synchronous writes in flight were rolled back for want of a quorum (at a
         -- cluster's first start no follower is in yet): the limbo is empty, all a join

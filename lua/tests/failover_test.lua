@@ -4,6 +4,7 @@
 -- http client, with an injected clock: no sockets, no box.cfg, no waiting.
 -- Runnable alone: `cd lua && tarantool tests/failover_test.lua`.
 local tap = require('tap')
+local fiber = require('fiber')
 local json = require('json')
 local digest = require('digest')
 local fio = require('fio')
@@ -350,7 +351,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(24)
+test:plan(25)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -878,6 +879,23 @@ local function lone_leader()
     run_for({a}, 1)
     return a, fake
 end
+
+test:test('a join hold whose drain does not finish steps down instead of staying fenced', function(t)
+    t:plan(4)
+    local a = lone_leader()
+    t:is(a.fo.role, 'leader', 'a lone leader')
+    a.fo.join_drain_timeout_s = 0.1
+    a.box.drain = function()
+        fiber.sleep(0.5)  -- a write stuck in the limbo (it ends here so the test leaves no fiber behind)
+        return true
+    end
+    local started = fiber.clock()
+    local r = a.fo:hold_for_join('ffff', 2)
+    t:is(r.status, 'ERROR', 'the hold fails: ' .. tostring(r.message))
+    t:ok(fiber.clock() - started < 0.4, 'after the bound, not when the drain ends')
+    t:isnt(a.fo.role, 'leader', 'and the leader stepped down, so another can lead')
+    fiber.sleep(0.5)
+end)
 
 test:test('a join hold whose drain meets a rollback for want of a quorum holds; a WAL error steps down', function(t)
     t:plan(6)
