@@ -896,10 +896,16 @@ end
 
 -- A join hold's drain still running after this long has met a write stuck in
 -- 2.6.0's limbo: a healthy one ends in 0-5 ms, and a synchronous write without
--- its quorum is rolled back after replication_synchro_timeout (2 s). Every
--- write would queue behind it, so the leader steps down and another leads (the
--- fault suite saw a leader stay fenced by such a drain for minutes, once).
+-- its quorum is rolled back after replication_synchro_timeout (SC_SYNC_TIMEOUT_S,
+-- 2 s). Every write would queue behind it, so the leader steps down and another
+-- leads (the fault suite saw a leader stay fenced by such a drain for minutes,
+-- once). At least this, and three synchronous timeouts.
 M.JOIN_DRAIN_TIMEOUT_S = 5
+
+local function join_drain_timeout_s()
+    local sync_s = type(box.cfg) == 'table' and tonumber(box.cfg.replication_synchro_timeout) or 0
+    return math.max(M.JOIN_DRAIN_TIMEOUT_S, 3 * sync_s)
+end
 
 -- box.drain on a fiber of its own, waited for at most timeout_s; ok, err.
 function F:bounded_drain(timeout_s)
@@ -941,7 +947,7 @@ function F:hold_for_join(uuid, timeout_s)
     self.role = 'fenced'
     self.fence_reason = 'join of ' .. tostring(uuid)
     self.box.forget_joined(uuid)
-    local ok, err = self:bounded_drain(self.join_drain_timeout_s or M.JOIN_DRAIN_TIMEOUT_S)
+    local ok, err = self:bounded_drain(self.join_drain_timeout_s or join_drain_timeout_s())
     if not ok and is_sync_rollback(err) then
         -- The synchronous writes in flight were rolled back for want of a quorum (at a
         -- cluster's first start no follower is in yet): the limbo is empty, all a join
