@@ -78,11 +78,22 @@ class NotReady(Exception):
     """A child exited, or did not become ready in time, or we were asked to stop while waiting."""
 
 
+#: ports free_port handed out in this process: never twice (the kernel may hand a closed ephemeral port out again,
+#: and two instances of one test cluster got the same one once: the second could not listen)
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free right now, and not handed out before by this process."""
+    with _handed_out_lock:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
