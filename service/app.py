@@ -81,7 +81,12 @@ class Service:
             local.append(self.events)
         self._events_on_broker = len(local) > len(self.pool.local)
         self.broker = Broker(
-            settings=settings, context=self.context, metrics=self.metrics, local_workers=local, curve=self.curve
+            settings=settings,
+            context=self.context,
+            metrics=self.metrics,
+            local_workers=local,
+            links=[w.link for w in self.pool.local if w.link is not None],
+            curve=self.curve,
         )
         self.metrics_port = 0
 

@@ -80,9 +80,11 @@ class Broker:
         context: zmq.Context[Any],
         metrics: Metrics,
         local_workers: Sequence[LocalWorker] = (),
+        links: Sequence[inproc.Direct] = (),
         curve: Curve | None = None,
     ) -> None:
-        """local_workers run on the broker's own event loop (worker_threads = 0); curve secures the client socket."""
+        """local_workers run on the broker's own event loop (worker_threads = 0), links are the direct links
+        of the workers among them (no socket between them and the broker); curve secures the client socket."""
         self._settings = settings
         self._curve = curve
         self._monitor: zmq.Socket[Any] | None = None
@@ -105,6 +107,9 @@ class Broker:
             settings=settings, metrics=metrics, queue=self.queue, keyring=curve.keyring if curve else None
         )
         self.dispatcher = Dispatcher(queue=self.queue, admission=self.admission, metrics=metrics)
+        for link in links:
+            link.to_broker = self._from_direct
+            self.dispatcher.direct[link.identity] = link.to_worker
         self._drain_deadline = 0.0
         self._sockets: tuple[zmq.Socket[Any], zmq.Socket[Any], zmq.Socket[Any]] | None = None
         metrics.queue_capacity.set(settings.queue_capacity)
@@ -277,6 +282,13 @@ class Broker:
             if readable(backend) or readable(frontend) or readable(control):
                 self._loop.call_soon(self._on_event)
         self._arm_timer()
+
+    def _from_direct(self, wid: bytes, items: list[bytes]) -> None:
+        """A batch from a worker on this loop (its own callback, never inside a turn); then a turn."""
+        if self._finished.done():  # stopped: every message was answered already (Dispatcher.finish)
+            return
+        self.dispatcher.take(wid, items, time.monotonic())
+        self._on_event()
 
     def _from_clients(self, frontend: zmq.Socket[Any]) -> bool:
         """Accept up to one batch; True when more may be waiting."""

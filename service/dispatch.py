@@ -2,17 +2,20 @@
 
 Free worker slots are credits (one worker identity per free slot, announced
 with READY). :meth:`Dispatcher.dispatch` hands the most urgent queued
-messages to free slots, one inproc batch per worker; :meth:`from_workers`
-takes their answers (REPLY, DONE, FAIL: each frees its slot) and internal
-messages they queue (ENQUEUE). Every ticket handed out comes back exactly once
--- the worker guarantees it; :meth:`reclaim_overdue` (the watchdog) answers
-and takes back a slot whose answer is late by more than ``WATCHDOG_GRACE_S``
-anyway, and remembers the ticket so its late answer frees nothing twice.
+messages to free slots, one inproc batch per worker (a direct call for a
+worker on the broker's loop, :class:`service.inproc.Direct`); :meth:`take`
+(behind :meth:`from_workers` for socket workers) takes their answers
+(REPLY, DONE, FAIL: each frees its slot) and internal messages they queue
+(ENQUEUE). Every ticket handed out comes back exactly once -- the worker
+guarantees it; :meth:`reclaim_overdue` (the watchdog) answers and takes back
+a slot whose answer is late by more than ``WATCHDOG_GRACE_S`` anyway, and
+remembers the ticket so its late answer frees nothing twice.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -45,42 +48,47 @@ class Dispatcher:
         self._admission = admission
         self._metrics = metrics
         self._type_names = {t.id: t.name for t in REGISTRY.types.values()}
+        #: workers on the broker's loop: identity -> the function that takes a batch (no socket)
+        self.direct: dict[bytes, Callable[[list[bytes]], None]] = {}
 
     def from_workers(self, backend: zmq.Socket[Any], now: float) -> None:
         """Take every batch the workers sent (the socket's FD is edge-triggered)."""
-        free, inflight, queue, admission = self.free, self.inflight, self.queue, self._admission
         while readable(backend):
             wid = backend.recv(NOBLOCK)  # workers send exactly [identity, batch]
-            items = inproc.unpack(backend.recv(0))
-            for i in range(0, len(items) - 3, inproc.TO_BROKER):
-                kind = items[i]
-                if kind == inproc.READY:
-                    slots = inproc.CREDIT.unpack(items[i + 1])[0]
-                    free.extend([wid] * slots)
-                    log.info("worker_ready", worker=wid.decode(), slots=slots)
-                    continue
-                if kind == inproc.ENQUEUE:
-                    self._enqueue_internal(items[i + 1], items[i + 2], now)
-                    continue
-                ticket = items[i + 1]
-                h = inflight.pop(ticket, None)
-                if h is None:  # the watchdog answered it and took the slot back already
-                    if ticket in self._reclaimed:
-                        del self._reclaimed[ticket]
-                    else:
-                        free.append(wid)
-                    continue
-                free.append(wid)
-                queue.done(h)
-                if kind == inproc.REPLY:
-                    admission.reply(h, items[i + 2], items[i + 3], now)
-                elif kind == inproc.FAIL:
-                    admission.refuse(h, items[i + 2].decode(), items[i + 3].decode(), None, cache=False)
-                elif kind == inproc.DONE:
-                    admission.observe(h.type_id, now - h.arrived)
+            self.take(wid, inproc.unpack(backend.recv(0)), now)
+
+    def take(self, wid: bytes, items: list[bytes], now: float) -> None:
+        """One batch from worker ``wid``, off the socket or a direct link."""
+        free, inflight, queue, admission = self.free, self.inflight, self.queue, self._admission
+        for i in range(0, len(items) - 3, inproc.TO_BROKER):
+            kind = items[i]
+            if kind == inproc.READY:
+                slots = inproc.CREDIT.unpack(items[i + 1])[0]
+                free.extend([wid] * slots)
+                log.info("worker_ready", worker=wid.decode(), slots=slots)
+                continue
+            if kind == inproc.ENQUEUE:
+                self._enqueue_internal(items[i + 1], items[i + 2], now)
+                continue
+            ticket = items[i + 1]
+            h = inflight.pop(ticket, None)
+            if h is None:  # the watchdog answered it and took the slot back already
+                if ticket in self._reclaimed:
+                    del self._reclaimed[ticket]
                 else:
-                    log.error("worker_protocol_error", kind=kind)
-                    admission.refuse(h, "INTERNAL", "internal error: unknown worker answer", None)
+                    free.append(wid)
+                continue
+            free.append(wid)
+            queue.done(h)
+            if kind == inproc.REPLY:
+                admission.reply(h, items[i + 2], items[i + 3], now)
+            elif kind == inproc.FAIL:
+                admission.refuse(h, items[i + 2].decode(), items[i + 3].decode(), None, cache=False)
+            elif kind == inproc.DONE:
+                admission.observe(h.type_id, now - h.arrived)
+            else:
+                log.error("worker_protocol_error", kind=kind)
+                admission.refuse(h, "INTERNAL", "internal error: unknown worker answer", None)
 
     def _enqueue_internal(self, header_frame: bytes, body: bytes, now: float) -> None:
         if self._admission.stopping:
@@ -115,8 +123,13 @@ class Dispatcher:
                 batches[wid] = [ticket, h.header, h.body]
             else:
                 batch += (ticket, h.header, h.body)
+        direct = self.direct
         for wid, items in batches.items():
-            send_frames(backend, [wid, inproc.pack(items)])
+            deliver = direct.get(wid)
+            if deliver is not None:
+                deliver(items)
+            else:
+                send_frames(backend, [wid, inproc.pack(items)])
 
     def reclaim_overdue(self, now: float) -> int:
         """The watchdog: answer and take back every slot held past deadline + grace; returns how many."""

@@ -1,16 +1,18 @@
 """The worker pool: worker slots served by event loops over pipelined Tarantool connections.
 
-A worker slot is one message in progress. Each :class:`Worker` owns a DEALER
-socket to the broker's ``inproc://workers`` ROUTER (protocol: service/inproc.py)
-and a :class:`Storage` connection, announces its slots with READY (credit) at
-once, whatever storage does, and runs every message it is given as an asyncio
-task (:func:`service.execute.execute`). The broker never gives a worker more
+A worker slot is one message in progress. Each :class:`Worker` talks the
+inproc protocol (service/inproc.py) with the broker and owns a :class:`Storage`
+connection; it announces its slots with READY (credit) at once, whatever
+storage does, and runs every message it is given as an asyncio task
+(:func:`service.execute.execute`). The broker never gives a worker more
 messages than it has free slots, so the pool's size is fixed.
 
 By default the one worker runs on the broker's own event loop
-(``SMARTCACHE_WORKER_THREADS=0``); with N > 0 each of N workers has a
-:class:`WorkerThread` with a loop of its own (measured slower here: a GIL
-hand-off per message).
+(``SMARTCACHE_WORKER_THREADS=0``) and exchanges its batches with the broker
+by direct call (:class:`service.inproc.Direct`); with N > 0 each of N workers
+has a :class:`WorkerThread` with a loop of its own and a DEALER socket to the
+broker's ``inproc://workers`` ROUTER (measured slower here: a GIL hand-off per
+message).
 
 Exactly one answer per message, by construction: the answer is sent by the
 task's done callback, which asyncio runs exactly once per task whatever
@@ -84,7 +86,9 @@ class Worker:
         metrics: Metrics,
         handlers: dict[str, Handler] | None = None,
         introspect: Callable[[], dict[str, Any]] = dict,
+        direct: bool = False,
     ) -> None:
+        """direct: the worker runs on the broker's loop and talks to it through ``self.link`` (no socket)."""
         self.index = index
         self._introspect = introspect
         self.slots = slots
@@ -102,6 +106,9 @@ class Worker:
         self.storage: Storage | None = None
         self._handler_context: Context | None = None
         self._ids = 0
+        self.identity = b"w%d" % index
+        #: the broker's direct link (a worker on its loop), or None: the inproc socket
+        self.link = inproc.Direct(self.identity, self._take) if direct else None
 
     def stop(self) -> None:
         """Ask the loop to finish this worker's tasks (up to a grace period); safe from any thread."""
@@ -123,48 +130,67 @@ class Worker:
             owner_prefix=f"{self._settings.instance_id}/w{self.index}",
             introspect=self._introspect,
         )
+        await self.storage.start()  # returns at once; connects in the background
+        # Slots are offered at once: with storage down, messages are answered
+        # STORAGE_UNAVAILABLE at once instead of waiting in the queue.
+        ready = [inproc.READY, inproc.CREDIT.pack(self.slots), b"", b""]
+        if self.link is not None:
+            self.link.send(ready)
+            await self._serve(backend)
+            return
         sock = self._sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, b"w%d" % self.index)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.connect(inproc.ENDPOINT)
         if on_connected is not None:
             on_connected()
-        # Slots are offered at once: with storage down, messages are answered
-        # STORAGE_UNAVAILABLE at once instead of waiting in the queue.
-        await self.storage.start()
-        sock.send(inproc.pack([inproc.READY, inproc.CREDIT.pack(self.slots), b"", b""]))
+        sock.send(inproc.pack(ready))
         self._loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         self._pump()
-        self._loop.call_later(DEADLINE_SWEEP_S, self._sweep)
+        try:
+            await self._serve(backend)
+        finally:
+            self._loop.remove_reader(sock.getsockopt(zmq.FD))
+            sock.close()
+
+    async def _serve(self, backend: Backend) -> None:
+        """Sweep deadlines until stopped; then let running tasks end (up to a grace period), send their
+        answers and close the connections."""
+        assert self._stopping is not None
+        assert self.storage is not None
+        asyncio.get_running_loop().call_later(DEADLINE_SWEEP_S, self._sweep)
         try:
             await self._stopping.wait()
         finally:
-            self._loop.remove_reader(sock.getsockopt(zmq.FD))
             if self._jobs:
                 await asyncio.wait(list(self._jobs), timeout=STOP_GRACE_S)
             if self._outbox:
                 self._flush()
             await self.storage.close()
             await backend.close()
-            sock.close()
 
     def _pump(self) -> None:
-        """Take every message waiting on the socket (its FD is edge-triggered)."""
+        """Take every batch waiting on the socket (its FD is edge-triggered)."""
         sock = self._sock
         assert sock is not None
-        loop = asyncio.get_running_loop()
-        now, wall_ms = loop.time(), time.time() * 1000
         while readable(sock):
-            items = inproc.unpack(sock.recv(NOBLOCK))  # the broker sends one batch frame
-            for i in range(0, len(items) - 2, inproc.TO_WORKER):
-                ticket = items[i]
-                left_ms = inproc.TICKET.unpack(ticket)[1]
-                job = Job(ticket, items[i + 1], items[i + 2], now + left_ms / 1000, wall_ms + left_ms)
-                task = loop.create_task(self._run_job(job))
-                self._jobs[task] = job
-                task.add_done_callback(self._answer)
+            self._take(inproc.unpack(sock.recv(NOBLOCK)))  # the broker sends one batch frame
+
+    def _take(self, items: list[bytes]) -> None:
+        """One batch from the broker: a task per message."""
+        loop = self._loop
+        assert loop is not None
+        now, wall_ms = loop.time(), time.time() * 1000
+        jobs, run, answer = self._jobs, self._run_job, self._answer
+        for i in range(0, len(items) - 2, inproc.TO_WORKER):
+            ticket = items[i]
+            left_ms = inproc.TICKET.unpack(ticket)[1]
+            job = Job(ticket, items[i + 1], items[i + 2], now + left_ms / 1000, wall_ms + left_ms)
+            task = loop.create_task(run(job))
+            jobs[task] = job
+            task.add_done_callback(answer)
 
     async def _run_job(self, job: Job) -> Answer:
         current_job.set(job)  # also what gives every log line of this message its request_id (service/logs.py)
@@ -233,8 +259,12 @@ class Worker:
         self._outbox.extend(item)
 
     def _flush(self) -> None:
-        assert self._sock is not None
         out, self._outbox = self._outbox, []
+        if self.link is not None:
+            if out:
+                self.link.send(out)
+            return
+        assert self._sock is not None
         if out:
             self._sock.send(inproc.pack(out))
         self._pump()
@@ -298,6 +328,7 @@ class WorkerPool:
                 metrics=metrics,
                 handlers=handlers,
                 introspect=introspect,
+                direct=settings.worker_threads == 0,
             )
             for i, s in enumerate(sizes)
         ]
