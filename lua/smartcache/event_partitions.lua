@@ -52,8 +52,28 @@ M.on_demote = nil
 M.counters = {created = 0, created_in_write = 0, dropped = 0, maintenance_errors = 0}
 M.last_drop = nil
 
+-- The UTC day of a time, as a partition names it (YYYYMMDD). The last day
+-- asked is kept with its bounds: every event of a day asks for the same one.
+local day_from, day_to, day_name = 0, 0, nil
+
 function M.day_of(ms)
-    return os.date('!%Y%m%d', math.floor(ms / 1000))
+    if ms >= day_from and ms < day_to then
+        return day_name
+    end
+    local name = os.date('!%Y%m%d', math.floor(ms / 1000))
+    day_from = ms - ms % M.DAY_MS
+    day_to, day_name = day_from + M.DAY_MS, name
+    return name
+end
+
+-- The partition of a day (nil while it does not exist), its name made once per day.
+local part_day, part_name = nil, nil
+
+function M.space_of(day)
+    if day ~= part_day then
+        part_day, part_name = day, M.PREFIX .. day
+    end
+    return box.space[part_name]
 end
 
 -- The sorted names of the partitions (day order is name order).
@@ -81,8 +101,9 @@ function M.create(day)
     return s
 end
 
--- The partition the last event went to, remembered (checked at each use: a rollback may have emptied it).
-local head_space = nil
+-- The partition the last event went to and its day, remembered (checked at
+-- each use: a rollback may have emptied it).
+local head_space, head_day = nil, nil
 
 -- The last sequence written, committed or not, and its partition's day (the floor and nil
 -- while no event is kept).
@@ -99,17 +120,17 @@ function M.head()
             end
         end
         if top == nil then
-            head_space = nil
+            head_space, head_day = nil, nil
             return M.floor(), nil
         end
-        head_space = s
+        head_space, head_day = s, s.name:sub(#M.PREFIX + 1)
     end
-    return top[M.F.seq], s.name:sub(#M.PREFIX + 1)
+    return top[M.F.seq], head_day
 end
 
--- An event went to this partition (smartcache.events).
-function M.wrote(s)
-    head_space = s
+-- An event went to the partition of this day (smartcache.events).
+function M.wrote(s, day)
+    head_space, head_day = s, day
 end
 
 function M.floor()
@@ -155,11 +176,11 @@ function M.maintain()
             log.info('events: created partition %s%s', M.PREFIX, day)
         end
     end
-    local _, head_day = M.head()
+    local _, newest = M.head()
     local cutoff = M.day_of(now - M.retention_days * M.DAY_MS)
     for _, name in ipairs(M.list()) do
         local day = name:sub(#M.PREFIX + 1)
-        if day < cutoff and (head_day == nil or day < head_day) then
+        if day < cutoff and (newest == nil or day < newest) then
             M.drop(name)
         end
     end

@@ -96,7 +96,7 @@ local function push(seq, topic)
 end
 
 local function topic_class(topic)
-    if topic:sub(1, #M.APP_PREFIX) == M.APP_PREFIX then
+    if topic:find(M.APP_PREFIX, 1, true) == 1 then  -- no substring made
         return 'app'
     end
     return topic
@@ -188,7 +188,7 @@ function M.write(topic, key, payload, always)
     if day == nil or today > day then
         day = today
     end
-    local space = box.space[partitions.PREFIX .. day]
+    local space = partitions.space_of(day)
     if space == nil then
         -- The maintenance fiber creates partitions ahead: this is the first
         -- write of a new instance, or a clock far ahead.
@@ -198,8 +198,8 @@ function M.write(topic, key, payload, always)
         require('smartcache.quorum').join()
     end
     row[1], row[2], row[3], row[4], row[5] = seq, now, topic, key or '', payload
-    space:insert(row)
-    partitions.wrote(space)
+    util.insert(space, row)
+    partitions.wrote(space, day)
     track(seq, topic)
     return seq
 end

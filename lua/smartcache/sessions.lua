@@ -2,7 +2,6 @@
 -- compare-and-set, delete (cascading to the session's cache), list by client.
 --
 -- A session whose deadline has passed is NOT_FOUND at once, swept or not.
-local uuid = require('uuid')
 local log = require('log')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
@@ -49,16 +48,16 @@ function M.create(id, client_id, version, ttl_s, data)
         return util.bad_request(err)
     end
     local now = util.now_ms()
-    id = util.opt(id, nil) or uuid.str()
+    id = util.opt(id, nil) or util.uuid()
     return util.atomic(function()
-        if live(id, now) ~= nil then
-            return util.result('ALREADY_EXISTS')
+        local t = box.space.sessions:get(id)
+        if t ~= nil then
+            if t[F.expires_at] > now then
+                return util.result('ALREADY_EXISTS')
+            end
+            events.write('session.expired', id, of_client(t[F.client_id]))  -- expired, not swept yet: it ends here
         end
-        local leftover = box.space.sessions:get(id)  -- expired, not swept yet: it ends here
-        if leftover ~= nil then
-            events.write('session.expired', id, of_client(leftover[F.client_id]))
-        end
-        box.space.sessions:replace({id, client_id, util.opt(version, ''), 1, now, ttl, now + ttl, data})
+        util.replace(box.space.sessions, {id, client_id, util.opt(version, ''), 1, now, ttl, now + ttl, data})
         events.write('session.created', id, of_client(client_id))
         return util.result('OK', {session_id = id, expires_in_ms = ttl, rev = 1})
     end)

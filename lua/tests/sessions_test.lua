@@ -6,7 +6,7 @@ helper.start()
 local F = require('smartcache.schema').F.sessions
 
 local test = tap.test('sessions')
-test:plan(10)
+test:plan(12)
 
 local SID = '6f1c2a3b-4c5d-4e6f-8a9b-0c1d2e3f4a5b'
 
@@ -20,6 +20,53 @@ test:test('create then get returns the data', function(t)
     t:is(r.status, 'OK', 'found')
     t:is(r.client_id, 'client-1', 'client id')
     t:is(r.data.step, 1, 'data')
+end)
+
+test:test('a session created without an id gets a fresh version 4 UUID', function(t)
+    t:plan(5)
+    local uuid = require('uuid')
+    local ids, bad, repeated, n = {}, 0, 0, 600  -- more than one 4 KiB pool of random bytes (256 ids)
+    for _ = 1, n do
+        local id = require('smartcache.util').uuid()
+        local parsed = uuid.fromstr(id)
+        local variant = id:sub(20, 20)
+        if parsed == nil or parsed:str() ~= id or id:sub(15, 15) ~= '4' or not ('89ab'):find(variant, 1, true) then
+            bad = bad + 1
+        end
+        if ids[id] then
+            repeated = repeated + 1
+        end
+        ids[id] = true
+    end
+    t:is(bad, 0, 'each one canonical lowercase text of a version 4, RFC 4122 variant UUID')
+    t:is(repeated, 0, 'no id repeats across pool refills')
+    local r = sc.session_create(nil, nil, 'client-uuid', nil, 60, nil)
+    t:is(r.status, 'OK', 'created')
+    t:ok(uuid.fromstr(r.session_id) ~= nil, 'session_id is a UUID')
+    t:is(sc.session_get(nil, r.session_id).client_id, 'client-uuid', 'found under it')
+end)
+
+test:test('util.insert and util.replace write like space:insert and space:replace', function(t)
+    t:plan(6)
+    local util = require('smartcache.util')
+    local s = box.schema.space.create('util_write_test', {if_not_exists = true})
+    s:create_index('primary', {if_not_exists = true})
+    s:truncate()
+    local fired = 0
+    s:on_replace(function() fired = fired + 1 end)
+    util.insert(s, {1, 'a', {nested = {1, 2}}})
+    t:is_deeply(s:get(1):totable(), {1, 'a', {nested = {1, 2}}}, 'inserted as given')
+    local ok, err = pcall(util.insert, s, {1, 'b'})
+    t:ok(not ok and type(err) == 'cdata' and err.code == box.error.TUPLE_FOUND, 'a duplicate raises the box error')
+    util.replace(s, {1, 'c'})
+    t:is(s:get(1)[2], 'c', 'replaced')
+    box.begin()
+    util.insert(s, {2, 'x'})
+    box.rollback()
+    t:is(s:get(2), nil, 'rolled back with its transaction')
+    t:is(fired, 3, 'on_replace triggers ran for each write (and the rolled-back one)')
+    t:is(s:len(), 1, 'nothing else written')
+    s:drop()
 end)
 
 test:test('bad arguments are BAD_REQUEST, not errors', function(t)
