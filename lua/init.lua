@@ -73,6 +73,12 @@ if not fio.path.exists(data_dir) then
     assert(fio.mktree(data_dir), 'cannot create ' .. data_dir)
 end
 
+-- The Lua heap lives small (about 1.4 MiB after start: data is in memtx) while every request
+-- makes garbage: a collection cycle starts when the heap reaches this percentage of what
+-- the last one left (Lua's default 200). 400 costs a few MiB and saves about 0.9 of the
+-- 13 us of CPU the transaction thread spends per request in the session bench (marking).
+collectgarbage('setpause', util.env_number('SC_LUA_GC_PAUSE', 400))
+
 -- JSON logs with the service's keys (lua/relog.sed): one log stack, one schema.
 local log_format = util.env_string('SC_LOG_FORMAT', 'json')
 local log_target = nil
