@@ -2,7 +2,10 @@
 
 pyzmq's ``send_multipart``/``recv_multipart`` combine ``zmq.Flag`` enum members
 per frame, and every ``get`` builds a ``SocketOption`` enum: both cost more than
-the send itself on CPython 3.11. These do the same with plain ints.
+the send itself on CPython 3.11. These do the same with plain ints, and send
+through the Cython socket's ``send`` directly: pyzmq's Python-level ``send``
+only adds draft-socket options and ``Frame`` handling, which bytes frames never
+need (measured: 0.35-0.45 against 0.19 us a call; a reply is three).
 """
 
 from __future__ import annotations
@@ -10,6 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import zmq
+from zmq.backend import Socket as _CythonSocket
+
+# pyzmq's Socket is the Cython socket plus Python conveniences: its send is the one below.
+assert issubclass(zmq.Socket, _CythonSocket)
+_send = _CythonSocket.send
 
 NOBLOCK = int(zmq.NOBLOCK)
 SNDMORE = int(zmq.SNDMORE)
@@ -23,10 +31,9 @@ def send_frames(sock: zmq.Socket[Any], frames: list[bytes], *, block: bool = Tru
     """Send frames as one message; with block=False raises zmq.Again if it cannot be queued."""
     more = SNDMORE if block else _MORE_NOBLOCK
     last = len(frames) - 1
-    send = sock.send
     for i in range(last):
-        send(frames[i], more)
-    send(frames[last], 0 if block else NOBLOCK)
+        _send(sock, frames[i], more)
+    _send(sock, frames[last], 0 if block else NOBLOCK)
 
 
 def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
