@@ -1,7 +1,8 @@
 """The broker: one thread, two ROUTER sockets, one event loop.
 
-Clients talk to ``settings.listen`` (tcp); workers to ``inproc://workers``.
-The broker validates headers only, answers PING itself, queues everything else
+Clients talk to ``settings.listen`` (tcp); workers on the broker's own loop
+hand batches over by direct call (``service.inproc.Direct``), worker threads
+through ``inproc://workers``. The broker validates headers only, answers PING itself, queues everything else
 in the priority queue, and hands the most urgent message to a free worker
 slot. It does no business logic. Replies come back through it to the client
 address saved in the message's holder. Two helpers own the two sides:
