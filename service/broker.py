@@ -2,14 +2,14 @@
 
 Clients talk to ``settings.listen`` (tcp); workers on the broker's own loop
 hand batches over by direct call (``service.inproc.Direct``), worker threads
-through ``inproc://workers``. The broker validates headers only, answers PING itself, queues everything else
-in the priority queue, and hands the most urgent message to a free worker
-slot. It does no business logic. Replies come back through it to the client
-address saved in the message's holder. Two helpers own the two sides:
-:class:`~service.admission.Admission` (clients: validate, answer, refuse,
-queue) and :class:`~service.dispatch.Dispatcher` (workers: slots, dispatch,
-answers, the watchdog); this module owns the thread, the sockets, the loop
-and the shutdown order.
+through ``inproc://workers``. The broker validates headers only, answers PING
+itself, queues everything else in the priority queue, and hands the most
+urgent message to a free worker slot. It does no business logic. Replies come
+back through it to the client address saved in the message's holder. Two
+helpers own the two sides: :class:`~service.admission.Admission` (clients:
+validate, answer, refuse, queue) and :class:`~service.dispatch.Dispatcher`
+(workers: slots, dispatch, answers, the watchdog); this module owns the
+thread, the sockets, the loop and the shutdown order.
 
 Every message gets exactly one answer (none when PROTOCOL.md's NO_REPLY rule
 says so): the workers answer every message they take, and a watchdog checks
