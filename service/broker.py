@@ -288,7 +288,11 @@ class Broker:
         """A batch from a worker on this loop (its own callback, never inside a turn); then a turn."""
         if self._finished.done():  # stopped: every message was answered already (Dispatcher.finish)
             return
-        self.dispatcher.take(wid, items, time.monotonic())
+        try:
+            self.dispatcher.take(wid, items, time.monotonic())
+        except Exception as e:  # as in a turn: the broker stops with it (and answers what it holds)
+            self._finished.set_exception(e)
+            return
         self._on_event()
 
     def _from_clients(self, frontend: zmq.Socket[Any]) -> bool:

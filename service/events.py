@@ -241,6 +241,9 @@ class EventPublisher:
             # Start at the head (what came before is for EVENTS_READ), and stay there while nobody listens.
             r = await storage.call("events_read", [None, None, 1, 0])
             head, was = int(r["head_seq"]), self.cursor
+            if was is not None and head < was:
+                # A leader without events already past the cursor: replication was asynchronous (SC_SYNC=false).
+                log.error("events_leader_behind", head_seq=head, published_seq=was)
             cursor = self.cursor = head if was is None else max(was, head)
             self._metrics.events_head_seq.set(head)
             self._metrics.events_published_seq.set(cursor)

@@ -16,7 +16,8 @@ import zmq
 from zmq.backend import Socket as _CythonSocket
 
 # pyzmq's Socket is the Cython socket plus Python conveniences: its send is the one below.
-assert issubclass(zmq.Socket, _CythonSocket)
+if not issubclass(zmq.Socket, _CythonSocket):
+    raise TypeError(f"pyzmq {zmq.__version__}: zmq.Socket is not a zmq.backend.Socket")
 _send = _CythonSocket.send
 
 NOBLOCK = int(zmq.NOBLOCK)

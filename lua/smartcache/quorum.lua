@@ -165,11 +165,14 @@ function M.guard(s)
     for _, t in ipairs(s:on_replace()) do
         if t == touch then
             guarded_ids[s.id] = s
+            require('smartcache.util').lua_triggered[s.id] = s
             return
         end
     end
     s:on_replace(touch)
     guarded_ids[s.id] = s
+    -- A Lua trigger now: util.insert / util.replace write it through space:insert.
+    require('smartcache.util').lua_triggered[s.id] = s
 end
 
 -- Guard every listed space that exists, and more (events partitions) by name pattern.
