@@ -119,25 +119,19 @@ local function write(fn, space, tuple)
     end
 end
 
-local function direct(space)
-    return M.lua_triggered[space.id] ~= space and box.is_in_txn()
-end
-
-function M.insert(space, tuple)
-    if direct(space) then
-        write(box_insert, space, tuple)
-    else
-        space:insert(tuple)
+-- M.insert / M.replace: c_fn where no Lua can run inside it, else the space's own method.
+local function writer(c_fn, method)
+    return function(space, tuple)
+        if M.lua_triggered[space.id] ~= space and box.is_in_txn() then
+            write(c_fn, space, tuple)
+        else
+            space[method](space, tuple)
+        end
     end
 end
 
-function M.replace(space, tuple)
-    if direct(space) then
-        write(box_replace, space, tuple)
-    else
-        space:replace(tuple)
-    end
-end
+M.insert = writer(box_insert, 'insert')
+M.replace = writer(box_replace, 'replace')
 
 -- Environment settings with defaults.
 function M.env_number(name, default)
