@@ -240,16 +240,10 @@ class EventPublisher:
         if self.cursor is None or self._subscribers == 0:
             # Start at the head (what came before is for EVENTS_READ), and stay there while nobody listens.
             r = await storage.call("events_read", [None, None, 1, 0])
-            head, was = int(r["head_seq"]), self.cursor
-            if was is not None and head < was:
-                # A leader without events already past the cursor: replication was asynchronous (SC_SYNC=false).
-                log.error("events_leader_behind", head_seq=head, published_seq=was)
-            cursor = self.cursor = head if was is None else max(was, head)
-            self._metrics.events_head_seq.set(head)
-            self._metrics.events_published_seq.set(cursor)
-            self._metrics.events_reader_lag.set(max(0, head - cursor))
-            if was is None:
-                log.info("events_reader_started", head_seq=cursor)
+            head, started = int(r["head_seq"]), self.cursor is None
+            self._advance(head, head)
+            if started:
+                log.info("events_reader_started", head_seq=head)
             return
         # rows: each event as its stored tuple (no map built and no payload decoded in storage)
         r = await storage.call("events_read", [self.cursor, None, BATCH, READ_WAIT_MS, True])
@@ -261,17 +255,22 @@ class EventPublisher:
             return
         if status != "OK":
             raise StorageError(f"events_read answered {status}: {r.get('message', '')}")
-        head = int(r["head_seq"])
-        if head < self.cursor:
-            # A leader without events already published: replication was asynchronous (SC_SYNC=false).
-            log.error("events_leader_behind", head_seq=head, published_seq=self.cursor)
         self._publish(r["events"], storage)
-        self.cursor = max(self.cursor, int(r["last_seq"]))
-        self._metrics.events_head_seq.set(head)
-        self._metrics.events_published_seq.set(self.cursor)
-        self._metrics.events_reader_lag.set(max(0, head - self.cursor))
+        cursor = self._advance(int(r["head_seq"]), int(r["last_seq"]))
         if not r["events"]:
-            send_frames(self._pub, heartbeat_frames(self.cursor))
+            send_frames(self._pub, heartbeat_frames(cursor))
+
+    def _advance(self, head: int, last: int) -> int:
+        """Move the cursor to ``last`` (never back), say so in the metrics; returns the cursor."""
+        was = self.cursor
+        if was is not None and head < was:
+            # A leader without events already published: replication was asynchronous (SC_SYNC=false).
+            log.error("events_leader_behind", head_seq=head, published_seq=was)
+        cursor = self.cursor = last if was is None else max(was, last)
+        self._metrics.events_head_seq.set(head)
+        self._metrics.events_published_seq.set(cursor)
+        self._metrics.events_reader_lag.set(max(0, head - cursor))
+        return cursor
 
     @property
     def _pub(self) -> zmq.Socket[Any]:

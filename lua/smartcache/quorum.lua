@@ -24,6 +24,7 @@
 -- they are read (the leader then writes the definitions without it).
 local fiber = require('fiber')
 local log = require('log')
+local util = require('smartcache.util')
 
 local M = {}
 
@@ -162,17 +163,16 @@ function M.guard(s)
     if not M.enabled or s == nil or guarded_ids[s.id] == s then
         return
     end
+    local installed = false
     for _, t in ipairs(s:on_replace()) do
-        if t == touch then
-            guarded_ids[s.id] = s
-            require('smartcache.util').lua_triggered[s.id] = s
-            return
-        end
+        installed = installed or t == touch
     end
-    s:on_replace(touch)
+    if not installed then
+        s:on_replace(touch)
+    end
     guarded_ids[s.id] = s
-    -- A Lua trigger now: util.insert / util.replace write it through space:insert.
-    require('smartcache.util').lua_triggered[s.id] = s
+    -- A Lua trigger: util.insert / util.replace write this space through space:insert.
+    util.lua_triggered[s.id] = s
 end
 
 -- Guard every listed space that exists, and more (events partitions) by name pattern.
