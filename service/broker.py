@@ -290,7 +290,7 @@ class Broker:
             return
         try:
             self.dispatcher.take(wid, items, time.monotonic())
-        except Exception as e:  # as in a turn: the broker stops with it (and answers what it holds)
+        except Exception as e:  # as in a turn: the broker stops with it
             self._finished.set_exception(e)
             return
         self._on_event()
