@@ -3,19 +3,25 @@
 Starts Tarantool instances (lua/init.lua), the service and the simulated
 backend as child processes on 127.0.0.1, waits until each is ready, and stops
 each by its PID. Children get SIGTERM if this process dies (PR_SET_PDEATHSIG),
-so nothing outlives its parent. Each start appends a ``run_started`` JSON line
-to the child's log, so a run's lines are easy to find in an appended log.
+so nothing outlives its parent, and start with no signal blocked (make run
+blocks the ones it waits for: devtools/supervise.py). Each start appends a
+``run_started`` JSON line to the child's log, so a run's lines are easy to find
+in an appended log.
 
-``python -m devtools.devstack`` is `make run`: master + replica, the service and
-the simulated backend in the foreground; Ctrl-C stops them all. Before
-starting anything it checks every port it needs is free and names the
-variable to change if not (a second `make run` next to a running one stops
-there); SMARTCACHE_PORT_OFFSET=N moves every default port by N at once, and
-smartcache-cli's default endpoint with them. A child is ready only when the
+``python -m devtools.devstack`` is `make run`: three etcd members
+(devtools/etcd.py), three Tarantool instances that etcd elects a leader of,
+the simulated backend and the service, in the foreground; Ctrl-C stops them
+all. A child that dies is restarted and the rest keep running, as the Docker
+stack's restart policy does (devtools/supervise.py). Before starting anything
+it checks every port it needs is free and names the variable to change if not
+(a second `make run` next to a running one stops there);
+SMARTCACHE_PORT_OFFSET=N moves every default port by N at once, and
+smartcache-cli's default endpoints with them. A child is ready only when the
 process we started is the one listening on its ports (Linux /proc; psutil
 would do it too, but is not worth a dependency for one function), so another
-program answering on the same port can never pass for it. On a terminal, the logs of all four are
-shown as they grow, one coloured line each (structlog's console renderer).
+program answering on the same port can never pass for it. On a terminal, the
+logs of all of them are shown as they grow, one coloured line each
+(structlog's console renderer).
 """
 
 from __future__ import annotations
@@ -36,13 +42,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import structlog
 
-from service.config import PORT_OFFSET_VARIABLE, Settings
-from service.parsers import SettingsError
+from devtools.supervise import RestartPolicy, Signals, Supervisor, stop_all
+from smartcache.server.config import Settings
+from smartcache.server.parsers import SettingsError
+from smartcache.wire import ports
+from smartcache.wire.ports import PORT_OFFSET_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA_INIT = ROOT / "lua" / "init.lua"
@@ -50,28 +60,43 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 POLL_S = 0.05
 TAIL_POLL_S = 0.2
+TAIL_JOIN_TIMEOUT_S = 2.0
 _PR_SET_PDEATHSIG = 1
 _TCP_LISTEN = "0A"  # socket state in /proc/net/tcp
 #: make run's ports: variable -> default (SMARTCACHE_PORT_OFFSET is added to each default)
 DEFAULT_PORTS = {
-    "SC_PORT_1": 3301,
-    "SC_PORT_2": 3302,
-    "SC_PORT_3": 3303,
-    "SC_HTTP_PORT_1": 8301,
-    "SC_HTTP_PORT_2": 8302,
-    "SC_HTTP_PORT_3": 8303,
-    "ETCD_PORT": 2379,
-    "BACKEND_PORT": 8090,
-    "SMARTCACHE_METRICS_PORT": 9105,
+    **{f"SC_PORT_{i}": p for i, p in enumerate(ports.TARANTOOL_PORTS, 1)},
+    **{f"SC_HTTP_PORT_{i}": p for i, p in enumerate(ports.TARANTOOL_HTTP_PORTS, 1)},
+    **{f"ETCD_PORT_{i}": p for i, p in enumerate(ports.ETCD_PORTS, 1)},
+    **{f"ETCD_PEER_PORT_{i}": p for i, p in enumerate(ports.ETCD_PEER_PORTS, 1)},
+    "BACKEND_PORT": ports.BACKEND_PORT,
+    "SMARTCACHE_METRICS_PORT": ports.METRICS_PORT,
 }
 #: the three Tarantool instances of make run (elected: none is master by configuration)
 INSTANCES = ("tarantool-1", "tarantool-2", "tarantool-3")
+#: SC_CLUSTER of make run's instances and SMARTCACHE_CLUSTER of its service: keys under /smartcache/make-run/
+CLUSTER = "make-run"
 #: etcd runs as long as make run; its data stays in var/ like the instances'
 ETCD_LIFETIME_S = 30 * 86400
-DEFAULT_LISTEN_PORT = 5555
+#: make run's variables of before the three etcd members: refused, naming the new ones
+GONE_VARIABLES = {
+    "ETCD_PORT": "make run runs three etcd members now: set ETCD_PORT_1..3 (client ports) and "
+    "ETCD_PEER_PORT_1..3 (peer ports) instead of ETCD_PORT",
+}
+#: SMARTCACHE_SHARDS=N make run: N trios, sharded by client (docs/design/sharding.md); their ports step by 10
+SHARDS_VARIABLE = "SMARTCACHE_SHARDS"
+MAX_SHARDS = 3
+SHARD_PORT_STEP = 10
+DEFAULT_LISTEN_PORT = ports.LISTEN_PORT
 #: the service's events PUB socket (SMARTCACHE_EVENTS_LISTEN), moved by the offset too
-DEFAULT_EVENTS_PORT = 5556
+DEFAULT_EVENTS_PORT = ports.EVENTS_PORT
 MAX_PORT_OFFSET = 65535 - max(DEFAULT_PORTS.values())
+
+
+class Stop(Protocol):
+    """What a wait polls to give up early: a threading.Event, or make run's Signals (devtools/supervise.py)."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class NotReady(Exception):
@@ -130,6 +155,7 @@ def listens(pid: int, port: int) -> bool:
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())  # make run blocks SIGINT/SIGTERM/SIGCHLD; a child must not
 
 
 def http_get_json(url: str, timeout_s: float = 2.0) -> tuple[int, Any]:
@@ -210,7 +236,7 @@ class Child:
         what: str,
         ready: Callable[[], bool],
         timeout_s: float = READY_TIMEOUT_S,
-        stop: threading.Event | None = None,
+        stop: Stop | None = None,
     ) -> None:
         """Poll ready() until true; NotReady if this child exits, time runs out or stop is set."""
         deadline = time.monotonic() + timeout_s
@@ -224,7 +250,7 @@ class Child:
             if stop is None:
                 time.sleep(POLL_S)
 
-    def wait_listening(self, *ports: int, stop: threading.Event | None = None) -> None:
+    def wait_listening(self, *ports: int, stop: Stop | None = None) -> None:
         """Until this very process listens on every port (another program on one of them never counts)."""
         self.wait_until(
             f"listening on {', '.join(map(str, ports))}", lambda: all(listens(self.pid, p) for p in ports), stop=stop
@@ -283,7 +309,7 @@ class Tarantool(Child):
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, stop: threading.Event | None = None) -> dict[str, Any]:
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, stop: Stop | None = None) -> dict[str, Any]:
         """Wait until this process listens on both ports and its /health answers 200; returns the document."""
         health: dict[str, Any] = {}
 
@@ -319,10 +345,13 @@ class Plan:
     listen_port: int | None  # None: an ipc:// endpoint, nothing to check
     #: the service's events socket (SMARTCACHE_EVENTS_LISTEN)
     events_listen: str = ""
+    #: SMARTCACHE_SHARDS: one replica set (the default), or that many, sharded by client
+    shards: int = 1
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Plan:
         ports, errors = {}, []
+        errors += [why for name, why in GONE_VARIABLES.items() if env.get(name, "").strip()]
         offset = env.get(PORT_OFFSET_VARIABLE, "").strip() or "0"
         if not offset.isdigit() or int(offset) > MAX_PORT_OFFSET:
             errors.append(f"{PORT_OFFSET_VARIABLE}={offset!r} must be a number 0..{MAX_PORT_OFFSET}")
@@ -347,9 +376,34 @@ class Plan:
         events_port = events.rpartition(":")[2] if events.startswith("tcp://") else ""
         if events_port.isdigit() and int(events_port) > 0:
             ports["SMARTCACHE_EVENTS_LISTEN"] = int(events_port)
+        raw_shards = env.get(SHARDS_VARIABLE, "").strip() or "1"
+        shards = int(raw_shards) if raw_shards.isdigit() else 0
+        if not 1 <= shards <= MAX_SHARDS:
+            errors.append(f"{SHARDS_VARIABLE}={raw_shards!r} must be 1..{MAX_SHARDS}")
+            shards = 1
+        for k in range(2, shards + 1):  # the other shards' trios: 10 above the first's ports for each
+            for i in (1, 2, 3):
+                for name in (f"SC_PORT_{i}", f"SC_HTTP_PORT_{i}"):
+                    moved = ports.get(name, 0) + SHARD_PORT_STEP * (k - 1)
+                    if name in ports and moved > 65535:
+                        errors.append(f"{name}={ports[name]}: shard s{k}'s instance would need port {moved}")
+                    elif name in ports:
+                        ports[f"{name} (shard s{k})"] = moved
         if errors:
             raise BadEnvironment("; ".join(errors))
-        return cls(Path(env.get("SMARTCACHE_VAR") or ROOT / "var"), ports, listen, listen_port, events)
+        return cls(Path(env.get("SMARTCACHE_VAR") or ROOT / "var"), ports, listen, listen_port, events, shards)
+
+    def shard_names(self) -> list[str]:
+        return [f"s{k}" for k in range(1, self.shards + 1)]
+
+    def port(self, name: str, shard: int) -> int:
+        """An instance port of shard k (1: the first trio's own)."""
+        return self.ports[name] if shard == 1 else self.ports[f"{name} (shard s{shard})"]
+
+    @property
+    def etcd_urls(self) -> list[str]:
+        """The three etcd members' client URLs (SC_ETCD, SMARTCACHE_ETCD)."""
+        return [f"http://127.0.0.1:{self.ports[f'ETCD_PORT_{i}']}" for i in (1, 2, 3)]
 
     def check_ports(self) -> None:
         """Every port distinct and free now, or BadEnvironment naming each variable to change."""
@@ -374,13 +428,18 @@ def _banner(lines: list[tuple[str, str]], out: TextIO) -> None:
 
 
 def main() -> int:
-    """`make run`: master + replica, the simulated backend and the service, until Ctrl-C."""
+    """`make run`: etcd, three Tarantool instances, the simulated backend and the service, until Ctrl-C."""
+    signals = Signals().block()  # before any thread or child: Ctrl-C is taken by sigtimedwait, never a handler
     try:
         plan = Plan.from_env(dict(os.environ))
         service_env = {
             "SMARTCACHE_LISTEN": plan.listen,
             "SMARTCACHE_EVENTS_LISTEN": plan.events_listen,
-            "SMARTCACHE_TARANTOOL": ",".join(f"127.0.0.1:{plan.ports[f'SC_PORT_{i}']}" for i in (1, 2, 3)),
+            # the instances come from etcd (the topology make run seeds), so an instance added later is found with
+            # no restart; none given here, whatever the shell exports for smartcache-cli
+            "SMARTCACHE_ETCD": ",".join(plan.etcd_urls),
+            "SMARTCACHE_CLUSTER": CLUSTER,
+            "SMARTCACHE_TARANTOOL": "",
             "SMARTCACHE_METRICS_PORT": str(plan.ports["SMARTCACHE_METRICS_PORT"]),
             "SMARTCACHE_BACKEND_URL": f"http://127.0.0.1:{plan.ports['BACKEND_PORT']}",
         }
@@ -389,26 +448,47 @@ def main() -> int:
     except (BadEnvironment, SettingsError) as e:
         print(f"make run: {e}", file=sys.stderr, flush=True)  # noqa: T201
         return 1
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    return _run(plan, service_env, stop)
+    return _run(plan, service_env, signals)
 
 
-def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
-    from devtools.etcd import Etcd  # noqa: PLC0415 - dev tooling; devtools imports this module
+def _say(tail: LogTail | None) -> Callable[[str], None]:
+    """make run's own lines: on stderr, between two of the tail's prints."""
+
+    def say(text: str) -> None:
+        if tail is not None:
+            tail.say(f"make run: {text}", sys.stderr)
+        else:
+            print(f"make run: {text}", file=sys.stderr, flush=True)  # noqa: T201
+
+    return say
+
+
+def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
+    from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling; devtools imports this module
 
     p = plan.ports
-    etcd = Etcd.create(plan.base, client_port=p["ETCD_PORT"], lifetime_s=ETCD_LIFETIME_S)
-    ha = {
-        "SC_ETCD": etcd.url,
-        "SC_CLUSTER": "make-run",
-        "SC_CLUSTER_SIZE": str(len(INSTANCES)),
-    }
-    instances = [
-        Tarantool.create(name, plan.base, port=p[f"SC_PORT_{i}"], http_port=p[f"SC_HTTP_PORT_{i}"], extra_env=ha)
-        for i, name in enumerate(INSTANCES, 1)
-    ]
+    etcd = EtcdCluster.create(
+        plan.base,
+        client_ports=[p[f"ETCD_PORT_{i}"] for i in (1, 2, 3)],
+        peer_ports=[p[f"ETCD_PEER_PORT_{i}"] for i in (1, 2, 3)],
+        lifetime_s=ETCD_LIFETIME_S,
+    )
+    trios: dict[str, list[Tarantool]] = {}
+    for k, shard in enumerate(plan.shard_names(), 1):
+        # One replica set: make-run, tarantool-1..3, as always. Sharded: make-run.s1, tarantool-s1-1...
+        cluster = CLUSTER if plan.shards == 1 else f"{CLUSTER}.{shard}"
+        ha = {"SC_ETCD": etcd.url, "SC_CLUSTER": cluster, "SC_CLUSTER_SIZE": str(len(INSTANCES))}
+        trios[shard] = [
+            Tarantool.create(
+                name if plan.shards == 1 else name.replace("tarantool-", f"tarantool-{shard}-"),
+                plan.base,
+                port=plan.port(f"SC_PORT_{i}", k),
+                http_port=plan.port(f"SC_HTTP_PORT_{i}", k),
+                extra_env=ha,
+            )
+            for i, name in enumerate(INSTANCES, 1)
+        ]
+    instances = [t for trio in trios.values() for t in trio]
     backend = Child(
         name="backend",
         argv=[sys.executable, "-m", "loadtest.backend", "--port", str(p["BACKEND_PORT"])],
@@ -416,66 +496,110 @@ def _run(plan: Plan, service_env: dict[str, str], stop: threading.Event) -> int:
         log_path=plan.base / "backend.log",
     )
     service = Child(
-        name="service", argv=[sys.executable, "-m", "service"], log_path=plan.base / "service.log", env=service_env
+        name="service",
+        argv=[sys.executable, "-m", "smartcache.server"],
+        log_path=plan.base / "service.log",
+        env=service_env,
     )
     metrics_url = f"http://127.0.0.1:{p['SMARTCACHE_METRICS_PORT']}"
     tail = LogTail(sys.stdout).start() if sys.stdout.isatty() else None
+    say = _say(tail)
     children: list[Child] = []
     try:
-        for child in (etcd, *instances, backend, service):
+        for child in (*etcd.members, *instances, backend, service):
             child.start()
             children.append(child)
             if tail is not None:
                 tail.follow(child)
-            if child is etcd:
-                try:
-                    etcd.wait_ready()
-                except (RuntimeError, TimeoutError) as e:
-                    raise NotReady(str(e)) from e
-        leader = wait_cluster_formed(instances, stop)
+            if child is etcd.members[-1]:
+                etcd.wait_ready(stop=stop)
+        leaders = {shard: wait_cluster_formed(trio, stop) for shard, trio in trios.items()}
+        for shard, trio in trios.items():
+            say(seed_topology(trio, plan.etcd_urls, CLUSTER if plan.shards == 1 else f"{CLUSTER}.{shard}"))
+        if plan.shards > 1:
+            say(seed_shards(plan.shard_names(), plan.etcd_urls))
         backend.wait_listening(p["BACKEND_PORT"], stop=stop)
         service.wait_listening(p["SMARTCACHE_METRICS_PORT"], *filter(None, [plan.listen_port]), stop=stop)
         service.wait_until("/health/ready 200", lambda: _http_status(metrics_url + "/health/ready") == 200, stop=stop)
+        etcd_leader = etcd.leader()
         banner = [
             ("service (ZeroMQ)", f"{plan.listen}  log {service.log_path}"),
             ("service metrics", f"{metrics_url}/metrics  health {metrics_url}/health/ready"),
             ("service events (PUB)", f"{plan.events_listen}  smartcache-cli events tail"),
             *(
                 (
-                    f"{t.name}{' (leader)' if t is leader else ''}",
+                    f"{t.name}{' (leader)' if t in leaders.values() else ''}",
                     f"{t.address}  http {t.http_url}  log {t.log_path}",
                 )
                 for t in instances
             ),
-            ("etcd (who leads)", f"{etcd.url}  log {etcd.log_path}"),
+            *(
+                (
+                    f"{m.name}{' (etcd leader)' if m is etcd_leader else ''}",
+                    f"{m.url}  peer {m.peer_url}  log {m.log_path}",
+                )
+                for m in etcd.members
+            ),
+            ("SC_ETCD (who leads)", etcd.url),
             ("cluster", ".venv/bin/smartcache-cli cluster status"),
             ("simulated backend", f"http://127.0.0.1:{p['BACKEND_PORT']}  log {backend.log_path}"),
             ("try", f".venv/bin/smartcache-cli --endpoint {plan.listen} ping"),
+            (
+                "a child that dies",
+                f"is restarted (a Tarantool instance after {TARANTOOL_RESTART.delay_s:g} s, the failover's time);"
+                f" {RESTART.max_deaths} deaths within {RESTART.window_s:g} s stop all",
+            ),
             ("ready; stop with", "Ctrl-C"),
         ]
         if tail is not None:
             tail.banner(banner)
         else:
             _banner(banner, sys.stdout)
-        while not stop.wait(TAIL_POLL_S):
-            for c in children:
-                if not c.alive():
-                    print(f"make run: {c.name} exited unexpectedly:\n{c.log_tail()}", file=sys.stderr)  # noqa: T201
-                    return 1
-        return 0
+        supervisor = Supervisor(stop=stop, say=say, policy=RESTART)
+        for m in etcd.members:
+            supervisor.add(m, m.healthy, lambda: "a healthy etcd member")
+        for t in instances:  # back once it leads or follows (a restarted leader: follows its successor)
+            supervisor.add(t, partial(_leads_or_follows, t), partial(_role_of, t), TARANTOOL_RESTART)
+        supervisor.add(backend, partial(listens_on, backend, p["BACKEND_PORT"]))
+        supervisor.add(service, lambda: _http_status(metrics_url + "/health/ready") == 200, lambda: "ready")
+        return supervisor.run()
     except NotReady as e:
         if stop.is_set():
             return 0
-        print(f"make run: {e}", file=sys.stderr)  # noqa: T201
+        say(str(e))
         return 1
     finally:
-        for c in reversed(children):  # service first (it drains), storage last
-            c.stop()
+        # service first (it drains), storage, etcd last; a second Ctrl-C kills what is left at once
+        stop_all(reversed(children), stop, say)
         if tail is not None:
             tail.stop()
 
 
-def wait_cluster_formed(instances: list[Tarantool], stop: threading.Event) -> Tarantool:
+#: make run's restart policy (as the Docker stack's restart: on-failure, with a limit)
+RESTART = RestartPolicy()
+#: a Tarantool instance waits out the failover first (the lease, TTL + 2 s at most: docs/operations.md), so that
+#: a killed leader comes back as a follower of its successor; started sooner, it removes its own stale key and,
+#: having every row, may well win the election again (seen here with a 1 s delay)
+TARANTOOL_RESTART = RestartPolicy(delay_s=float(os.environ.get("SC_LEADER_TTL_S") or 5) + 2)
+
+
+def _leads_or_follows(t: Tarantool) -> bool:
+    return _role_of(t) in ("leader", "follower")
+
+
+def _role_of(t: Tarantool) -> str:
+    """The instance's role from its /health ('?' while it does not answer)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        _, doc = http_get_json(t.http_url + "/health", timeout_s=0.5)
+        return str(doc.get("role"))
+    return "?"
+
+
+def listens_on(child: Child, port: int) -> bool:
+    return child.alive() and listens(child.pid, port)
+
+
+def wait_cluster_formed(instances: list[Tarantool], stop: Stop) -> Tarantool:
     """Until etcd has elected one instance and the others follow it (so a synchronous write finds its
     quorum at once: the first write of the quick start must not wait for followers); returns the leader."""
     elected: list[Tarantool] = []
@@ -503,6 +627,58 @@ def wait_cluster_formed(instances: list[Tarantool], stop: threading.Event) -> Ta
 
     instances[0].wait_until("a leader elected by etcd, followed by the others", formed, READY_TIMEOUT_S, stop)
     return elected[0]
+
+
+def seed_shards(shards: list[str], etcd_urls: list[str]) -> str:
+    """SMARTCACHE_SHARDS=N: the bucket map and each shard's buckets (`cluster init --shards`, idempotent)."""
+    from smartcache.cli import cluster  # noqa: PLC0415 - needs the server extra's connector, as make run does
+
+    access = cluster.Access(
+        addresses=(),
+        user=os.environ.get("SC_OPERATOR_USER") or "operator",
+        password=os.environ.get("SC_OPERATOR_PASSWORD") or "operator",
+        etcd=etcd_urls,
+        cluster=CLUSTER,
+    )
+    # A shard that has just made its topology may have no leader for a moment (NO_LEADER): asked again,
+    # since every step of it is idempotent.
+    deadline = time.monotonic() + SHARDS_INIT_S
+    made = False
+    while True:
+        r = cluster.shards_init(access, shards, SHARD_BUCKETS)
+        made = made or bool(r.get("created"))
+        if r.get("status") == "OK":
+            break
+        if time.monotonic() > deadline:
+            raise NotReady(f"the shards did not take their buckets in {SHARDS_INIT_S:g} s: {r}")
+        time.sleep(0.5)
+    ranges = ", ".join(f"{s} {first}..{last}" for first, last, s in r["map"]["ranges"])
+    return f"{'made' if made else 'kept'} the bucket map ({r['map']['buckets']} buckets): {ranges}"
+
+
+#: how long make run asks the shards to take their buckets (each must have a leader)
+SHARDS_INIT_S = 30.0
+#: the bucket count of make run's sharded cluster
+SHARD_BUCKETS = 1024
+
+
+def seed_topology(instances: list[Tarantool], etcd_urls: list[str], cluster_name: str = CLUSTER) -> str:
+    """The cluster's first topology, once it formed: `smartcache-cli cluster init` (idempotent: a make run on the
+    data of an earlier one keeps the topology it has, members added since included). What it did, in words."""
+    from smartcache.cli import cluster  # noqa: PLC0415 - needs the server extra's connector, as make run does
+
+    access = cluster.Access(
+        addresses=[t.address for t in instances],
+        user=os.environ.get("SC_OPERATOR_USER") or "operator",
+        password=os.environ.get("SC_OPERATOR_PASSWORD") or "operator",
+        etcd=etcd_urls,
+        cluster=cluster_name,
+    )
+    r = cluster.topology_init(access)
+    if r.get("status") != "OK":
+        return f"no topology ({r.get('reason') or r.get('status')}: {r.get('message')}): SC_CLUSTER_SIZE decides"
+    made = "made the topology" if r.get("created") else "the topology is"
+    return f"{made} (version {r['version']}): {r['members']}; smartcache-cli cluster add|remove changes it"
 
 
 def _http_status(url: str) -> int:
@@ -544,9 +720,9 @@ class LogTail:
         return self
 
     def stop(self) -> None:
-        """Print what is left, then stop following."""
+        """Print what is left, then stop following (the thread is a daemon: a wait is bounded, never a hang)."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(TAIL_JOIN_TIMEOUT_S)
         self.poll()
         for _, _, f in self._files:
             f.close()
@@ -559,6 +735,12 @@ class LogTail:
         self.poll()
         with self._lock:
             _banner(lines, self.out)
+
+    def say(self, text: str, out: TextIO) -> None:
+        """One line of make run's own, between two polls (never in the middle of a child's line)."""
+        self.poll()
+        with self._lock:
+            print(text, file=out, flush=True)
 
     def follow(self, child: Child) -> None:
         f = child.log_path.open("rb")
@@ -596,4 +778,8 @@ class LogTail:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the one imported module, not this __main__ copy of it: devtools.etcd imports devtools.devstack, and
+    # its NotReady must be the class main() catches (a Ctrl-C while etcd started escaped as a traceback).
+    from devtools import devstack  # noqa: PLW0406 - on purpose: the imported module, not __main__
+
+    sys.exit(devstack.main())

@@ -117,6 +117,8 @@ class Network:
     hosts: dict[str, Host] = field(default_factory=dict)
     #: host -> the peers whose packets it drops
     blocked: dict[str, set[str]] = field(default_factory=dict)
+    #: a name that stands for several hosts in cut and isolate (the fault suite's "etcd": its three members)
+    groups: dict[str, list[str]] = field(default_factory=dict)
     _created: list[str] = field(default_factory=list)
 
     @classmethod
@@ -205,17 +207,31 @@ class Network:
             f"{{ {ips} }}",
         )
 
+    def add_group(self, name: str, hosts: list[str]) -> None:
+        """Let name stand for these hosts in cut and isolate (a group is not a host: nothing runs "in" it)."""
+        unknown = [h for h in hosts if h not in self.hosts]
+        if unknown or name in self.hosts:
+            raise ValueError(f"group {name!r}: {'unknown hosts ' + str(unknown) if unknown else 'a host has the name'}")
+        self.groups[name] = list(hosts)
+
+    def expand(self, name: str) -> list[str]:
+        """The hosts a name stands for: a group's members, or the host itself."""
+        return self.groups.get(name, [name])
+
     def cut(self, a: str, b: str) -> None:
-        """Drop every packet between hosts a and b, both ways (each drops the other's on arrival)."""
-        for x, y in ((a, b), (b, a)):
-            if y not in self.blocked[x]:
-                self._set(x, "add", {y})
-                self.blocked[x].add(y)
+        """Drop every packet between hosts a and b, both ways (each drops the other's on arrival); either may be
+        a group (every member of it)."""
+        for x in self.expand(a):
+            for y in self.expand(b):
+                for p, q in ((x, y), (y, x)):
+                    if q not in self.blocked[p]:
+                        self._set(p, "add", {q})
+                        self.blocked[p].add(q)
 
     def isolate(self, host: str, from_hosts: list[str]) -> None:
-        """Cut host from each of from_hosts."""
-        for other in from_hosts:
-            if other != host:
+        """Cut host from each of from_hosts (groups stand for their members)."""
+        for other in [h for name in from_hosts for h in self.expand(name)]:
+            if other not in self.expand(host):
                 self.cut(host, other)
 
     def heal(self) -> None:
@@ -233,3 +249,4 @@ class Network:
             _run("ip", "netns", "del", ns, check=False)
         self._created.clear()
         self.hosts.clear()
+        self.groups.clear()

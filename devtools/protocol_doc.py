@@ -1,10 +1,13 @@
-"""PROTOCOL.md's code tables, generated from the registry (proto/protocol.toml).
+"""What is generated from the registry (proto/protocol.toml): PROTOCOL.md's code tables and the
+client's status enums (smartcache/wire/status.py).
 
 The spec's prose is written by hand; its tables of message types, statuses
 and transport errors are not: each sits between ``<!-- generated: NAME -->``
 and ``<!-- end generated -->`` and is rendered here from the registry, so the
-two cannot disagree. ``make lint`` runs ``--check`` (fails when they differ);
-``python -m devtools.protocol_doc --write`` updates the file.
+two cannot disagree. The same goes for ``Status`` and ``TransportError``, the
+enums a client compares replies with: a module written here, so that type
+checkers see every member. ``make lint`` runs ``--check`` (fails when either
+differs); ``python -m devtools.protocol_doc --write`` updates both.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from service.protocol import REGISTRY, FieldSpec, Registry
+from smartcache.wire import REGISTRY, FieldSpec, Registry
 
-PROTOCOL_MD = Path(__file__).resolve().parent.parent / "proto" / "PROTOCOL.md"
+ROOT = Path(__file__).resolve().parent.parent
+PROTOCOL_MD = ROOT / "proto" / "PROTOCOL.md"
+STATUS_PY = ROOT / "smartcache" / "wire" / "status.py"
 _BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
@@ -82,21 +88,88 @@ def render(text: str, registry: Registry = REGISTRY) -> str:
     return out
 
 
+def _members(names: list[tuple[str, int, str]]) -> str:
+    lines = []
+    for name, code, doc in names:
+        lines += textwrap.wrap(f"{code}: {doc}", 112, initial_indent="    #: ", subsequent_indent="    #: ")
+        lines.append(f'    {name} = "{name}"')
+    return "\n".join(lines)
+
+
+def status_module(r: Registry) -> str:
+    """smartcache/wire/status.py: the statuses and transport errors as string enums, with their codes."""
+    statuses = [(n, c, r.docs[n]) for n, c in sorted(r.statuses.items(), key=lambda kv: kv[1])]
+    statuses = [s for s in statuses if s[0] not in r.storage_only_statuses]
+    errors = [(n, c, r.docs[n]) for n, c in sorted(r.transport_errors.items(), key=lambda kv: kv[1])]
+    return f'''"""The reply statuses and transport errors as enums: generated from proto/protocol.toml, do not edit.
+
+``python -m devtools.protocol_doc --write`` writes this file; ``make lint`` fails when it differs
+from the registry. Members are strings equal to their names (``Status.NOT_FOUND == "NOT_FOUND"``),
+so ``reply.status == Status.NOT_FOUND`` and ``reply.status == "NOT_FOUND"`` are the same test;
+``.code`` is the number on the wire (``reply.body["status"]``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from smartcache.wire.registry import REGISTRY
+
+
+class Status(StrEnum):
+    """A reply's data-level status (``Reply.status``). Statuses only storage uses are not here."""
+
+{_members(statuses)}
+    #: a status code this client does not know (a newer service): ``reply.body["status"]`` has the number
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def code(self) -> int:
+        """The status code on the wire (-1 for UNKNOWN)."""
+        return REGISTRY.statuses.get(self.value, -1)
+
+
+class TransportError(StrEnum):
+    """Why a message failed in delivery (``RequestError.transport_error``); 0 on the wire is no error."""
+
+{_members(errors)}
+    #: no reply within the client's timeout (the client's own; never on the wire)
+    TIMEOUT = "TIMEOUT"
+
+    @property
+    def code(self) -> int:
+        """The transport error code on the wire (-1 for TIMEOUT)."""
+        return REGISTRY.transport_errors.get(self.value, -1)
+'''
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="exit 1 when PROTOCOL.md's tables differ from the registry")
-    mode.add_argument("--write", action="store_true", help="rewrite PROTOCOL.md's tables from the registry")
+    mode.add_argument("--check", action="store_true", help="exit 1 when what is generated differs from the registry")
+    mode.add_argument("--write", action="store_true", help="rewrite PROTOCOL.md's tables and wire/status.py")
     args = p.parse_args()
     text = PROTOCOL_MD.read_text()
     fresh = render(text)
+    module = status_module(REGISTRY)
     if args.write:
         PROTOCOL_MD.write_text(fresh)
+        STATUS_PY.write_text(module)
         return 0
-    if fresh != text:
-        print("proto/PROTOCOL.md tables differ from proto/protocol.toml; run: python -m devtools.protocol_doc --write")  # noqa: T201
+    stale = [
+        p.relative_to(ROOT)
+        for p, new, old in ((PROTOCOL_MD, fresh, text), (STATUS_PY, module, _read(STATUS_PY)))
+        if new != old
+    ]
+    if stale:
+        names = ", ".join(str(p) for p in stale)
+        print(f"{names} differ from proto/protocol.toml; run: python -m devtools.protocol_doc --write")  # noqa: T201
         return 1
     return 0
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-# etcd for the compose stack: Debian's `etcd-server` (bookworm: 3.4.23), one member, who
-# leads the Tarantool instances (SC_ETCD). etcdctl (`etcd-client`) is in the image for
-# operators: `docker compose exec etcd etcdctl get --prefix /smartcache/`. Data in the
-# volume /var/lib/etcd. Build from the repository root:
+# etcd for the compose stack: Debian's `etcd-server` (bookworm: 3.4.23), who leads the
+# Tarantool instances (SC_ETCD). docker-compose.yml runs three members of this image
+# (etcd-1..3, a volume each; it sets each one's name and URLs and the initial cluster);
+# alone, with the defaults below, it is a one-member cluster named `etcd`. etcdctl
+# (`etcd-client`) is in the image for operators: `docker compose exec etcd-1 etcdctl
+# endpoint status --cluster -w table`. Data in the volume /var/lib/etcd. Build from the
+# repository root:
 #
 #   docker build -f docker/etcd.Dockerfile -t smartcache/etcd .
 #
-# One member is enough on one host (it fails with the host anyway). Production runs
+# Three members on one host survive a member's crash, not the host's. Production runs
 # three or five members on separate hosts (docker/README.md, "etcd").
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
@@ -18,9 +21,9 @@ RUN apt-get update -qq \
     && useradd --uid 10001 --user-group --home-dir /var/lib/etcd --no-create-home \
         --shell /usr/sbin/nologin smartcache \
     && install -d -o 10001 -g 10001 -m 0700 /var/lib/etcd
-# etcd reads every flag from an ETCD_* variable: these are the one-member defaults inside
-# the compose network (peers and clients reach it as etcd:2380 / etcd:2379). compose sets
-# the advertised URLs; add members with ETCD_INITIAL_CLUSTER (docker/README.md).
+# etcd reads every flag from an ETCD_* variable: these are the one-member defaults (peers
+# and clients reach it as etcd:2380 / etcd:2379); compose overrides ETCD_NAME, the
+# advertised URLs and ETCD_INITIAL_CLUSTER for each of its three members (docker/README.md).
 # Compaction every hour: the instances renew leases and republish member keys every
 # TTL/3, so without it the revision history grows without bound.
 ENV ETCD_NAME=etcd \

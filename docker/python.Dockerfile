@@ -22,13 +22,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_CERT=/etc/ssl/certs/c
 # Dependencies first, in their own layer: it stays cached while only our code changes.
 COPY pyproject.toml constraints.txt ./
 RUN python3 -m venv /opt/venv \
-    && python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+    && python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["server"]))' \
         >/tmp/requirements.txt \
     && /opt/venv/bin/pip install -q -c constraints.txt -r /tmp/requirements.txt
 COPY README.md ./
-COPY service service
-COPY loadtest loadtest
-# proto/ is installed as the package smartcache_proto (protocol.toml travels with the code).
+COPY smartcache smartcache
+# proto/ is installed as the package smartcache.wire.spec (protocol.toml travels with the code).
 COPY proto/__init__.py proto/protocol.toml proto/PROTOCOL.md proto/
 RUN /opt/venv/bin/pip install -q --no-deps . \
     && /opt/venv/bin/pip check \
@@ -68,6 +67,9 @@ HEALTHCHECK --interval=5s --timeout=3s --start-period=20s --retries=3 \
 CMD ["smartcache"]
 
 FROM runtime AS backend
+# The simulated core backend is a development tool, not part of the package: its source, run from here.
+COPY loadtest /opt/smartcache/loadtest
+WORKDIR /opt/smartcache
 ENV BACKEND_PORT=8090 \
     BACKEND_LATENCY_MS=200 \
     BACKEND_JITTER_MS=0 \

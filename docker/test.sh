@@ -130,8 +130,9 @@ eval "$(python3 - <<'EOF'
 import socket
 names = """SERVICE_1_PORT SERVICE_2_PORT SERVICE_1_METRICS_PORT SERVICE_2_METRICS_PORT
 TARANTOOL_1_PORT TARANTOOL_2_PORT TARANTOOL_3_PORT TARANTOOL_1_HTTP_PORT TARANTOOL_2_HTTP_PORT
-TARANTOOL_3_HTTP_PORT BACKEND_PORT PROMETHEUS_PORT ETCD_PORT SERVICE_1_EVENTS_PORT
-SERVICE_2_EVENTS_PORT""".split()
+TARANTOOL_3_HTTP_PORT BACKEND_PORT PROMETHEUS_PORT ETCD_1_PORT ETCD_2_PORT ETCD_3_PORT
+SERVICE_1_EVENTS_PORT SERVICE_2_EVENTS_PORT TARANTOOL_4_PORT TARANTOOL_5_PORT TARANTOOL_6_PORT
+TARANTOOL_4_HTTP_PORT TARANTOOL_5_HTTP_PORT TARANTOOL_6_HTTP_PORT""".split()
 socks = [socket.socket() for _ in names]
 for s in socks:
     s.bind(("127.0.0.1", 0))
@@ -178,3 +179,18 @@ s0=$(date +%s)
 # shellcheck disable=SC2086 # PYTEST_ARGS: words on purpose
 "$PY" -m pytest -p no:cacheprovider --durations=0 -rA ${PYTEST_ARGS:-} docker/test_smoke.py
 say "smoke suite passed in $(($(date +%s) - s0)) s (build $build_s s)"
+
+# --- the same images, two shards (docker/compose.shards.yml), on fresh volumes ------
+say "tearing down; starting the two-shard stack (docker/compose.shards.yml)"
+"${compose[@]}" down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1 || true
+if [ "$SECRETS" = 1 ]; then
+    export COMPOSE_FILE=docker-compose.yml:docker/compose.secrets.yml:docker/compose.shards.yml:docker/compose.shards-secrets.yml
+else
+    export COMPOSE_FILE=docker-compose.yml:docker/compose.shards.yml
+fi
+"${compose[@]}" config -q
+"${compose[@]}" up -d --no-build >"$work/up-shards.log" 2>&1 || { cat "$work/up-shards.log"; exit 1; }
+s0=$(date +%s)
+# shellcheck disable=SC2086 # PYTEST_ARGS: words on purpose
+"$PY" -m pytest -p no:cacheprovider --durations=0 -rA ${PYTEST_ARGS:-} docker/test_shards.py
+say "two-shard suite passed in $(($(date +%s) - s0)) s"

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from service.client import Client, Reply
-from service.errors import RequestError, RequestTimeout
+from smartcache.client import Client, Reply
+from smartcache.wire.errors import RequestError, RequestTimeout
 
 COMPOSE = shlex.split(os.environ.get("SMOKE_COMPOSE", "docker compose"))
 PROJECT = os.environ.get("COMPOSE_PROJECT_NAME", "smartcache-dtest")
@@ -42,7 +42,8 @@ LABEL = os.environ.get("SMOKE_LABEL", f"org.smartcache.dtest={PROJECT}")
 SECRETS_DIR = os.environ.get("SMARTCACHE_SECRETS_DIR", "")
 TARANTOOLS = ("tarantool-1", "tarantool-2", "tarantool-3")
 SERVICES = ("service-1", "service-2")
-ALL = ("etcd", *TARANTOOLS, *SERVICES, "backend", "prometheus")
+ETCDS = ("etcd-1", "etcd-2", "etcd-3")
+ALL = (*ETCDS, *TARANTOOLS, *SERVICES, "backend", "prometheus")
 PREWARM_TYPES = (1, 2, 3, 4)
 HEALTHY_TIMEOUT_S = 120.0
 ALERT_TIMEOUT_S = 90.0
@@ -187,7 +188,7 @@ def crash(service: str) -> dict[str, Any]:
     """SIGKILL the container's init from the host, as the OOM killer or a segfault would.
 
     `docker kill` would not do: Docker counts any `docker kill` (also `-s USR1`) as an
-    operator's stop and never restarts such a container (moby/moby#33306).
+    operator's stop and never restarts such a container.
     Returns the container's state before.
     """
     before = inspect(service)
@@ -498,7 +499,7 @@ def test_operator_http_data_routes_and_service_metrics_need_their_tokens() -> No
 
 
 def test_metrics_of_every_instance_are_visible_through_prometheus() -> None:
-    targets = {"etcd/etcd"} | {
+    targets = {f"etcd/{e}" for e in ETCDS} | {
         f"{job}/{i}" for job, names in (("smartcache", SERVICES), ("tarantool", TARANTOOLS)) for i in names
     }
 
@@ -507,7 +508,7 @@ def test_metrics_of_every_instance_are_visible_through_prometheus() -> None:
         up = {f"{r['metric']['job']}/{r['metric']['instance']}": r["value"][1] for r in result}
         return all(up.get(t) == "1" for t in targets)
 
-    eventually(all_up, 60, "every service, Tarantool and etcd target up in Prometheus (the services' with the token)")
+    eventually(all_up, 60, "every service, Tarantool and etcd member up in Prometheus (the services' with the token)")
     eventually(
         lambda: set(prom_vector("sum by (instance) (smartcache_messages_total)")) >= set(SERVICES),
         30,
@@ -696,6 +697,50 @@ def comes_back(instance: str, before: dict[str, Any], expected: tuple[str, ...])
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
+def test_a_crashed_etcd_member_is_restarted_and_writes_go_on_meanwhile(
+    clients: tuple[Client, Client, Client],
+) -> None:
+    """SIGKILL the etcd leader's container (a crash): the other two members elect a leader among
+    themselves and keep the quorum, the instances' etcd client moves to them, and writes through
+    both services go on (at most a pause while etcd elects); Docker restarts the member on its
+    volume and it rejoins; cluster status shows three healthy members again."""
+    c1, c2, _ = clients
+    status = cluster_status()
+    assert status["healthy"], status
+    victim = status["etcd"]["leader"]
+    assert victim in ETCDS, status["etcd"]
+    writer = Writer("during-etcd-kill")
+    writer.start()
+    try:
+        time.sleep(1.0)
+        before = crash(victim)
+        killed_at = time.monotonic()
+        say(f"killed etcd member {victim} (etcd's leader)")
+        eventually(lambda: storage_works(c1) and storage_works(c2), TTL_S + FAILOVER_MARGIN_S, "writes through both")
+        writes_after_s = time.monotonic() - killed_at
+        successor = eventually(
+            lambda: (e := cluster_status()["etcd"])["leader"] not in (None, victim) and e["leader"],
+            60,
+            "another etcd member leads",
+        )
+        eventually(
+            lambda: inspect(victim)["RestartCount"] > before["RestartCount"], 60, f"{victim} restarted by Docker"
+        )
+        wait_healthy(victim)
+        back_s = time.monotonic() - killed_at
+        time.sleep(2.0)  # the writer goes on with the member back
+    finally:
+        during = writer.stop()
+    assert during, writer.failed
+    say(f"writes through both {writes_after_s:.1f} s after the kill; {successor} leads etcd")
+    say(f"{victim} back {back_s:.0f} s after the kill")
+    assert inspect(victim)["Id"] == before["Id"]  # the same container, on its volume
+    etcd = eventually(lambda: (e := cluster_status()["etcd"])["healthy"] and e, 60, "three healthy etcd members")
+    assert sorted(m["name"] for m in etcd["members"]) == list(ETCDS)
+    all_readable(list(during))
+
+
 def test_cluster_rejoin_rebuilds_a_follower_through_exit_75_and_a_docker_restart() -> None:
     """`cluster rejoin` makes the instance exit 75; the restart policy starts it again empty and
     it copies the leader."""
@@ -720,7 +765,7 @@ def test_etcd_down_stops_writes_fires_no_leader_and_writes_resume_when_it_return
 ) -> None:
     c1, c2, _ = clients
     some = list(ACKED)[:10]
-    compose("stop", "etcd")
+    compose("stop", *ETCDS)  # etcd down: every member
     stopped_at = time.monotonic()
     try:
         eventually(lambda: alerts("SmartcacheNoLeader"), ALERT_TIMEOUT_S, "alert SmartcacheNoLeader firing", 1.0)
@@ -729,11 +774,11 @@ def test_etcd_down_stops_writes_fires_no_leader_and_writes_resume_when_it_return
         assert storage_works(c1) is None  # the leader fenced itself: no writes
         assert all(session_readable(c1, s) for s in some)  # reads go on
     finally:
-        compose("start", "etcd")
+        compose("start", *ETCDS)
     started_at = time.monotonic()
     eventually(lambda: storage_works(c1) and storage_works(c2), 60, "writes through both after etcd returned")
     say(f"writes again {time.monotonic() - started_at:.1f} s after etcd started")
-    wait_healthy("etcd")
+    wait_healthy(*ETCDS)
     eventually(lambda: not alerts("SmartcacheNoLeader"), ALERT_TIMEOUT_S, "SmartcacheNoLeader resolved", 1.0)
 
 
@@ -789,7 +834,7 @@ def test_restore_starts_a_new_cluster_from_the_backup() -> None:
     snap = BACKUP["snap"]
     sids = list(ACKED)[:50]
     image = inspect("tarantool-1")["Config"]["Image"]
-    etcd_image = inspect("etcd")["Config"]["Image"]
+    etcd_image = inspect("etcd-1")["Config"]["Image"]
     name = f"{PROJECT}-restore"
     labels = ["--label", LABEL]
     http_port = free_port()

@@ -28,7 +28,8 @@ from loadtest.backend import Backend
 from loadtest.generator import Job
 from loadtest.prewarm import run as run_prewarm
 from loadtest.report import format_line
-from loadtest.stack import curve_keys, ha_stack, service, stack
+from loadtest.stack import ServiceUnderTest, curve_keys, ha_stack, service, sharded_stack, stack
+from smartcache.client import Client
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
@@ -94,6 +95,20 @@ def cmd_bench(a: argparse.Namespace) -> int:
         job = Job(endpoint=ha.endpoint, scenario="session", duration_s=a.duration, inflight=128)
         profiles.append(runner.run(job, 2, label="service session W=128 HA 3 sync"))
         print(format_line(profiles[-1]), flush=True)
+        reads = [_read_heavy(ha, "service session-read W=16 HA 3 sync", a.duration)]
+    # Sharded by client: one replica set and two, the same discovery path, back to back; on one box this
+    # shows what routing costs and where the CPU goes (what a shard and a service instance carry), not scale.
+    print("  sharded: one shard and two (three HA instances each), found in etcd...", file=sys.stderr, flush=True)
+    sharding = [_sharded_row(shards, a.duration) for shards in (1, 2)]
+    # The front tier's shape: 20 reads to 1 write, with today's refresh (after a tenth of the TTL) and
+    # the one before it (after 1 s: SC_REFRESH_FRACTION=0), storage writes per read beside each.
+    print("  session-read: 20 reads to 1 write, refresh after ttl/10 and after 1 s...", file=sys.stderr, flush=True)
+    with ha_stack(tarantool_env={"SC_REFRESH_FRACTION": "0"}) as (_, ha):
+        reads.append(_read_heavy(ha, "service session-read W=16 HA 3 sync, refresh after 1 s", a.duration))
+    with stack(tarantool_env={"SC_WAL_MODE": "write"}) as (_, one):
+        reads.append(_read_heavy(one, "service session-read W=16", a.duration))
+    with stack(tarantool_env={"SC_WAL_MODE": "write", "SC_REFRESH_FRACTION": "0"}) as (_, one):
+        reads.append(_read_heavy(one, "service session-read W=16, refresh after 1 s", a.duration))
     best = max(r["throughput_rps"] for r in rows[:3])
     summary = {
         "service_best_rps": best,
@@ -102,31 +117,18 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "ratio_curve_to_plain_at_W128": round(curve_row["throughput_rps"] / rows[2]["throughput_rps"], 2),
         "ratio_fsync_to_write_at_W128": round(profiles[0]["throughput_rps"] / rows[2]["throughput_rps"], 2),
         "ratio_ha_sync_to_write_at_W128": round(profiles[1]["throughput_rps"] / rows[2]["throughput_rps"], 2),
+        "ratio_two_shards_to_one_at_W128": round(sharding[1]["throughput_rps"] / sharding[0]["throughput_rps"], 2),
         "service_peak_rss_mib": round(peak_rss / 2**20, 1),
         "service_cpu_seconds_per_1000_requests": round(cpu / answered * 1000, 3),
         "target_12000_rps_at_W128": rows[2]["throughput_rps"] >= 12000,
         "target_p99_under_10ms_at_W16": rows[1]["latency"]["p99_ms"] < 10,
     }
-    print()
-    print(f"ratio service/direct: {summary['ratio_service_to_direct']} (original: 7000/12000 = 0.58)")
-    print(f"ratio CURVE/plain at W=128: {summary['ratio_curve_to_plain_at_W128']} (aim: at least 0.75)")
-    print(
-        f"durability at W=128, ratio to wal_mode write: fsync {summary['ratio_fsync_to_write_at_W128']}, "
-        f"HA 3 instances with synchronous sessions {summary['ratio_ha_sync_to_write_at_W128']}"
-    )
-    print(
-        f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
-        f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s"
-    )
-    print(
-        f"targets: 12,000/s at W=128: {'met' if summary['target_12000_rps_at_W128'] else 'NOT met'}; "
-        f"p99 < 10 ms at W=16: {'met' if summary['target_p99_under_10ms_at_W16'] else 'NOT met'}"
-    )
+    _print_summary(summary)
     _save(
         a.json,
         {
             "machine": _machine(),
-            "runs": [*rows, curve_row, *profiles],
+            "runs": [*rows, curve_row, *profiles, *sharding, *reads],
             "summary": summary,
             "at": time.strftime("%FT%TZ", time.gmtime()),
         },
@@ -202,6 +204,59 @@ def cmd_prewarm(a: argparse.Namespace) -> int:
     doc = run_prewarm(logins=a.logins, latency_ms=a.latency_ms, reads_per_type=a.reads)
     _save(a.json, doc)
     return 0
+
+
+def _session_counts(sut: ServiceUnderTest) -> tuple[int, int]:
+    """(SESSION_GET answered OK, deadlines refreshed by storage's leader) so far: INFO's own counts."""
+    with Client(sut.endpoint, timeout_s=5) as c:
+        info = c.info().body
+    gets = int(info["messages"].get("session_get", {}).get("ok", 0))  # metric labels: lower case
+    return gets, int(info["storage_stats"].get("session_refreshes", 0))
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    print()
+    print(f"ratio service/direct: {summary['ratio_service_to_direct']} (original: 7000/12000 = 0.58)")
+    print(f"ratio CURVE/plain at W=128: {summary['ratio_curve_to_plain_at_W128']} (aim: at least 0.75)")
+    print(
+        f"durability at W=128, ratio to wal_mode write: fsync {summary['ratio_fsync_to_write_at_W128']}, "
+        f"HA 3 instances with synchronous sessions {summary['ratio_ha_sync_to_write_at_W128']}"
+    )
+    print(f"sharded at W=128, two shards to one: {summary['ratio_two_shards_to_one_at_W128']} (one box: routing cost)")
+    print(
+        f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
+        f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s"
+    )
+    print(
+        f"targets: 12,000/s at W=128: {'met' if summary['target_12000_rps_at_W128'] else 'NOT met'}; "
+        f"p99 < 10 ms at W=16: {'met' if summary['target_p99_under_10ms_at_W16'] else 'NOT met'}"
+    )
+
+
+def _sharded_row(shards: int, duration_s: float) -> dict[str, Any]:
+    """The session scenario at W=128 against `shards` HA trios found in etcd, with the CPU each process
+    spent per 1,000 answered requests (the capacity model's inputs: docs/sharding.md)."""
+    label = f"service session W=128 {'one shard' if shards == 1 else f'{shards} shards'}, discovery"
+    with sharded_stack(shards) as st:
+        cpu0 = st.cpu()
+        rep = runner.run(Job(endpoint=st.service.endpoint, scenario="session", duration_s=duration_s, inflight=128), 2,
+                         label=label)  # fmt: skip
+        cpu1 = st.cpu()
+    per = 1000 / max(1, rep["replies"])
+    rep["cpu_seconds_per_1000"] = {k: round((cpu1[k] - cpu0[k]) * per, 3) for k in cpu0}
+    print(f"{format_line(rep)}\n    CPU s per 1,000 requests: {rep['cpu_seconds_per_1000']}", flush=True)
+    return rep
+
+
+def _read_heavy(sut: ServiceUnderTest, label: str, duration_s: float) -> dict[str, Any]:
+    """The session-read scenario at W=16, with the storage writes each read cost (refreshes per read)."""
+    gets0, refreshes0 = _session_counts(sut)
+    job = Job(endpoint=sut.endpoint, scenario="session-read", duration_s=duration_s, inflight=16)
+    rep = runner.run(job, 2, label=label)
+    gets, refreshes = _session_counts(sut)
+    rep["storage_writes_per_read"] = round((refreshes - refreshes0) / max(1, gets - gets0), 4)
+    print(f"{format_line(rep)}  storage writes per read {rep['storage_writes_per_read']}", flush=True)
+    return rep
 
 
 def _machine() -> dict[str, Any]:

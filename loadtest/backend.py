@@ -13,7 +13,7 @@ Control routes (JSON):
 
 ``python -m loadtest.backend --port 8090 --latency-ms 200``
 
-It logs like the service (service.logs: JSON lines, or colours on a terminal):
+It logs like the service (smartcache.server.logs: JSON lines, or colours on a terminal):
 start, configuration changes, HTTP errors and stop; no line per request.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from service import logs
+from smartcache.server import logs
 
 PRODUCTS = re.compile(r"^/clients/([^/]+)/products/(-?\d+)$")
 log = structlog.get_logger("backend")

@@ -37,7 +37,7 @@ from loadtest import runner
 from loadtest.generator import Job
 from loadtest.report import format_line, percentile
 from loadtest.stack import ServiceUnderTest, service
-from service.client import Client
+from smartcache.client import Client
 
 TARGET_COUNTER_RATIO = 0.8
 TARGET_HANDOVER_P99_MS = 2.0
@@ -168,7 +168,7 @@ def ids_unique(a: str, b: str, clients: int, total: int) -> dict[str, Any]:
 
 HOLDER = """
 import sys, time
-from service.client import Client
+from smartcache.client import Client
 with Client(sys.argv[1]) as c:
     c.lock(sys.argv[2], lease_ms=int(sys.argv[3])).acquire()
     print("held", flush=True)

@@ -42,10 +42,10 @@ from loadtest import runner
 from loadtest.generator import Job
 from loadtest.report import format_line, percentile
 from loadtest.stack import ServiceUnderTest, stack
-from service.client import AsyncClient, Client
-from service.config import DEVELOPMENT_PASSWORD
-from service.errors import RequestError
-from service.protocol import REGISTRY
+from smartcache.client import AsyncClient, Client
+from smartcache.server.config import DEVELOPMENT_PASSWORD
+from smartcache.wire import REGISTRY
+from smartcache.wire.errors import RequestError
 
 TARGET_P99_MS = 5.0
 TARGET_THROUGHPUT_RATIO = 0.85

@@ -16,8 +16,9 @@ from typing import Any
 import zmq
 
 from loadtest.scenarios import Request, make
-from service.client import CurveKeys
-from service.protocol import (
+from smartcache.client import CurveKeys
+from smartcache.server.zmqio import recv_frames, send_frames
+from smartcache.wire import (
     FLAG_NO_REPLY,
     REGISTRY,
     Header,
@@ -26,7 +27,6 @@ from service.protocol import (
     encode_body,
     encode_header,
 )
-from service.zmqio import recv_frames, send_frames
 
 PROGRESS_EVERY_S = 1.0
 DRAIN_S = 3.0

@@ -25,7 +25,7 @@ import httpx
 from loadtest.backend import Backend
 from loadtest.report import summarize
 from loadtest.stack import stack
-from service.client import AsyncClient
+from smartcache.client import AsyncClient
 
 TYPES = (1, 2, 3, 4)
 THINK_MS = 1000

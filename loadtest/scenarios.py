@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.protocol import NO_SESSION
+from smartcache.wire import NO_SESSION
 
 Request = tuple[str, dict[str, Any], bytes]
 BODY_100 = {"d": "x" * 96}  # msgpack: 100 bytes of session data
@@ -50,6 +50,42 @@ class SessionScenario(Scenario):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._last: dict[int, str] = {}
+
+
+class SessionReadScenario(Scenario):
+    """The front tier's shape (issue 25): sessions read far more than written, 20 reads to 1 write.
+
+    Each generator process first creates a pool of sessions (POOL), then reads one at random,
+    with a SESSION_UPDATE of one at random every 21st request: each session is read about
+    once a second or two at bench rates, as a user tapping through the app reads theirs.
+    """
+
+    POOL = 2000
+    WRITE_EVERY = 21
+
+    def first(self, slot: int) -> Request:
+        return self._pick()
+
+    def next(self, slot: int, status: str, session: bytes) -> Request:
+        if session != NO_SESSION and status == "OK" and self._creating:
+            self._pool.append(session)
+        return self._pick()
+
+    def _pick(self) -> Request:
+        self._n += 1
+        self._creating = len(self._pool) < self.POOL
+        if self._creating:
+            return ("SESSION_CREATE", {"client_id": f"r{self.seed}-{self._n}", "data": BODY_100}, NO_SESSION)
+        sid = self._pool[self.rng.randrange(len(self._pool))]
+        if self._n % self.WRITE_EVERY == 0:
+            return ("SESSION_UPDATE", {"set": {"step": self._n}}, sid)
+        return ("SESSION_GET", {}, sid)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._pool: list[bytes] = []
+        self._n = 0
+        self._creating = True
 
 
 class CacheScenario(Scenario):
@@ -144,6 +180,7 @@ class CounterScenario(Scenario):
 
 SCENARIOS: dict[str, type[Scenario]] = {
     "session": SessionScenario,
+    "session-read": SessionReadScenario,
     "cache": CacheScenario,
     "mixed": MixedScenario,
     "overload": SessionScenario,  # same requests, driven open-loop at 2-3x capacity

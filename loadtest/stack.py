@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools.devstack import Tarantool, free_port, wait_cluster_formed
-from service.client import Client, CurveKeys
-from service.security import create_key_pair
+from smartcache.client import Client, CurveKeys
+from smartcache.wire.keys import create_key_pair
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Tarantool's memory in benchmarks: a bench run writes about a million sessions (30 min lifetime) and as many
@@ -47,7 +47,7 @@ class ServiceUnderTest:
 def stack(
     service_env: dict[str, str] | None = None, tarantool_env: dict[str, str] | None = None
 ) -> Iterator[tuple[Tarantool, ServiceUnderTest]]:
-    """Tarantool master + `python -m service` on free ports; everything stopped by PID afterwards."""
+    """Tarantool master + `python -m smartcache.server` on free ports; everything stopped by PID afterwards."""
     base = Path(tempfile.mkdtemp(prefix="smartcache-bench-"))
     env = {"SC_LOG_LEVEL": "4", "SC_MEMTX_MEMORY": BENCH_MEMTX_MEMORY, **(tarantool_env or {})}
     master = Tarantool.create("bench-master", base, extra_env=env)
@@ -64,7 +64,7 @@ def stack(
 def service(
     master: Tarantool, log_path: Path, env: dict[str, str] | None = None, curve: CurveKeys | None = None
 ) -> Iterator[ServiceUnderTest]:
-    """One more `python -m service` on free ports against master (curve: the keys to check it is up)."""
+    """One more `python -m smartcache.server` on free ports against master (curve: the keys to check it is up)."""
     port, metrics_port = free_port(), free_port()
     full_env = {
         **os.environ,
@@ -75,7 +75,9 @@ def service(
         **(env or {}),
     }
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "smartcache.server"], env=full_env, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         events = full_env["SMARTCACHE_EVENTS_LISTEN"]
         sut = ServiceUnderTest(proc, f"tcp://127.0.0.1:{port}", metrics_port, "" if events == "none" else events)
@@ -88,12 +90,14 @@ def service(
 
 
 @contextlib.contextmanager
-def ha_stack(ttl_s: int = 5) -> Iterator[tuple[list[Tarantool], ServiceUnderTest]]:
+def ha_stack(
+    ttl_s: int = 5, tarantool_env: dict[str, str] | None = None
+) -> Iterator[tuple[list[Tarantool], ServiceUnderTest]]:
     """etcd + three Tarantool instances in HA mode (synchronous sessions) + the service given all three."""
-    from devtools.etcd import Etcd  # noqa: PLC0415 - dev tooling, needed by this benchmark only
+    from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
 
     base = Path(tempfile.mkdtemp(prefix="smartcache-bench-ha-"))
-    etcd = Etcd.create(base)
+    etcd = EtcdCluster.create(base)  # three members, as make run and a deployment run it
     etcd.start()
     nodes: list[Tarantool] = []
     try:
@@ -105,6 +109,7 @@ def ha_stack(ttl_s: int = 5) -> Iterator[tuple[list[Tarantool], ServiceUnderTest
             "SC_CLUSTER": "bench",
             "SC_CLUSTER_SIZE": "3",
             "SC_LEADER_TTL_S": str(ttl_s),
+            **(tarantool_env or {}),
         }
         nodes = [Tarantool.create(f"bench-ha{i}", base, extra_env=env) for i in (1, 2, 3)]
         for n in nodes:
@@ -118,6 +123,87 @@ def ha_stack(ttl_s: int = 5) -> Iterator[tuple[list[Tarantool], ServiceUnderTest
     finally:
         for n in nodes:
             n.stop()
+        etcd.stop()
+        etcd.cleanup()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its live children, from /proc (an etcd member runs under `timeout`)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    own = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return own + sum(process_cpu_seconds(int(c)) for c in children)
+
+
+@dataclass
+class ShardedStack:
+    """etcd, shards of three HA instances each, and one service finding them in etcd (discovery)."""
+
+    service: ServiceUnderTest
+    #: shard -> its instances (the first shard "" when there is one replica set)
+    shards: dict[str, list[Tarantool]]
+    etcd_pids: list[int]
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far: the service, each shard's leader and followers, etcd."""
+        out = {"service": self.service.cpu_seconds(), "etcd": sum(process_cpu_seconds(p) for p in self.etcd_pids)}
+        for name, nodes in self.shards.items():
+            times = [process_cpu_seconds(n.pid) for n in nodes]
+            out[f"{name or 'shard'} instances"] = sum(times)
+            out[f"{name or 'shard'} busiest"] = max(times)
+        return out
+
+
+@contextlib.contextmanager
+def sharded_stack(shards: int, ttl_s: int = 5, buckets: int = 1024) -> Iterator[ShardedStack]:
+    """Like ha_stack, but the service discovers the instances in etcd and, with shards > 1, the cluster is
+    sharded by client over that many trios (`cluster init --shards`); shards = 1 is the same path unsharded."""
+    from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
+    from smartcache.cli import cluster  # noqa: PLC0415 - the server extra's connector
+
+    base = Path(tempfile.mkdtemp(prefix="smartcache-bench-shards-"))
+    etcd = EtcdCluster.create(base)
+    etcd.start()
+    names = [f"s{k}" for k in range(1, shards + 1)] if shards > 1 else [""]
+    trios: dict[str, list[Tarantool]] = {}
+    try:
+        etcd.wait_ready()
+        for name in names:
+            env = {
+                "SC_LOG_LEVEL": "4",
+                "SC_MEMTX_MEMORY": BENCH_MEMTX_MEMORY,
+                "SC_ETCD": etcd.url,
+                "SC_CLUSTER": f"bench.{name}" if name else "bench",
+                "SC_CLUSTER_SIZE": "3",
+                "SC_LEADER_TTL_S": str(ttl_s),
+            }
+            trios[name] = [Tarantool.create(f"bench-{name or 'one'}-{i}", base, extra_env=env) for i in (1, 2, 3)]
+            for n in trios[name]:
+                n.start()
+        for trio in trios.values():
+            wait_cluster_formed(trio, threading.Event())
+        if shards > 1:
+            access = cluster.Access(
+                addresses=(),
+                user="operator",
+                password=os.environ.get("SC_OPERATOR_PASSWORD") or "operator",
+                etcd=[m.url for m in etcd.members],
+                cluster="bench",
+            )
+            made = cluster.shards_init(access, names, buckets)
+            if made.get("status") != "OK":
+                raise RuntimeError(f"cluster init --shards: {made}")
+        first = next(iter(trios.values()))[0]
+        env = {"SMARTCACHE_TARANTOOL": "", "SMARTCACHE_ETCD": etcd.url, "SMARTCACHE_CLUSTER": "bench"}
+        with service(first, base / "service.log", env) as sut:
+            yield ShardedStack(sut, trios, [m.pid for m in etcd.members])
+    finally:
+        for trio in trios.values():
+            for n in trio:
+                n.stop()
         etcd.stop()
         etcd.cleanup()
 

@@ -1,6 +1,6 @@
-"""The wire protocol's registry as package data: installed as ``smartcache_proto``.
+"""The wire protocol's registry as package data: installed as ``smartcache.wire.spec``.
 
-``proto/protocol.toml`` is the one registry; a wheel carries it so that an
-installed client (``service.client`` in a front server) finds it with
-``importlib.resources``.
+``proto/protocol.toml`` is the one registry; a wheel carries it (and
+PROTOCOL.md) so that an installed client finds it with ``importlib.resources``
+(smartcache/wire/registry.py).
 """

@@ -16,11 +16,12 @@ import pytest
 import tarantool
 
 from devtools.devstack import Tarantool, free_port
-from service import logs
-from service.app import Service
-from service.client import Client
-from service.config import Settings
-from service.handlers import HANDLERS, Context, Handler, Request
+from smartcache.client import Client
+from smartcache.server import logs
+from smartcache.server.app import Service
+from smartcache.server.config import Settings
+from smartcache.server.handlers import Context, Handler, Request
+from smartcache.server.handlers.routes import ALL_HANDLERS
 from tests.helpers import eventually
 
 
@@ -166,7 +167,7 @@ class SlowProbe:
         self.max_running = max(self.max_running, self.running)
         try:
             ms = int(req.body["device_id"].split(":")[1])
-            return await ctx.storage.call("debug_sleep", [ms])
+            return await ctx.storage.call("debug_sleep", [ms], job=req.job)
         finally:
             self.running -= 1
 
@@ -175,7 +176,7 @@ class SlowProbe:
         eventually(lambda: self.running >= n, timeout_s, interval_s=0.005, what=f"{n} slow calls running")
 
     def handlers(self) -> dict[str, Handler]:
-        return {**HANDLERS, "DEVICE_LOOKUP": self.slow}
+        return {**ALL_HANDLERS, "DEVICE_LOOKUP": self.slow}
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ class ServiceProcess:
 
 @contextlib.contextmanager
 def service_process(storage: Tarantool, tmp_path: Path, **env: str) -> Iterator[ServiceProcess]:
-    """The real `python -m service` as a child process, stopped by its PID."""
+    """The real `python -m smartcache.server` as a child process, stopped by its PID."""
     port, metrics_port = free_port(), free_port()
     log_path = tmp_path / "service.log"
     full_env = {
@@ -212,7 +213,9 @@ def service_process(storage: Tarantool, tmp_path: Path, **env: str) -> Iterator[
         **env,
     }
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "smartcache.server"], env=full_env, stdout=log, stderr=subprocess.STDOUT
+        )
     sp = ServiceProcess(proc, f"tcp://127.0.0.1:{port}", metrics_port, log_path)
     try:
         with Client(sp.endpoint, timeout_s=0.5) as c:

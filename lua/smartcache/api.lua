@@ -29,7 +29,11 @@ local stats = require('smartcache.stats')
 local idempotency = require('smartcache.idempotency')
 local failover = require('smartcache.failover')
 local util = require('smartcache.util')
+local config = require('smartcache.config')
 local quorum = require('smartcache.quorum')
+local memory = require('smartcache.memory')
+local compat = require('smartcache.compat')
+local buckets = require('smartcache.buckets')
 
 local M = {}
 
@@ -37,7 +41,9 @@ M.ROLE = 'smartcache_api'
 -- Operators (smartcache-cli cluster): the cluster's actions, which the service never needs.
 M.OPERATOR_ROLE = 'smartcache_operator'
 -- Procedures only operators may call; and those both roles may call.
-M.OPERATOR_ONLY = {['sc.switchover'] = true, ['sc.rejoin'] = true, ['sc.join_hold'] = true}
+M.OPERATOR_ONLY = {['sc.switchover'] = true, ['sc.rejoin'] = true, ['sc.join_hold'] = true,
+                   ['sc.topology_init'] = true, ['sc.topology_add'] = true, ['sc.topology_remove'] = true,
+                   ['sc.buckets_init'] = true}
 M.OPERATOR_TOO = {['sc.role'] = true, ['sc.stats'] = true, ['sc.ping'] = true}
 
 local function ping()
@@ -50,6 +56,7 @@ local writes = {
     session_touch = sessions.touch,
     session_update = sessions.update,
     session_delete = sessions.delete,
+    session_rotate = sessions.rotate,
     cache_put = cache.put,
     cache_delete = cache.delete,
     device_bind = device.bind,
@@ -75,6 +82,7 @@ local writes = {
 local reads = {
     ping = ping,
     session_get = sessions.get,
+    session_locate = sessions.locate,  -- where a version 4 id lives (sharding); unrouted: asked of every shard
     session_list = sessions.list,
     cache_get = cache.get,
     device_lookup = device.lookup,
@@ -92,6 +100,12 @@ local reads = {
     switchover = failover.switchover,
     rejoin = failover.rejoin,
     join_hold = failover.join_hold,  -- asked by an instance about to join (the replication user may call it)
+    -- Membership as data in etcd (smartcache.failover.membership): the leader changes it.
+    topology_init = failover.topology_init,
+    topology_add = failover.topology_add,
+    topology_remove = failover.topology_remove,
+    -- Sharding: a shard takes its buckets (the operator, at cluster init --shards).
+    buckets_init = buckets.init,
 }
 
 -- Procedures that may wait (on a fiber.cond, outside any transaction) before
@@ -105,15 +119,76 @@ local waits = {
     semaphore_acquire = semaphores.acquire,
     latch_await = latches.await,
     queue_take = queues.take,
+    -- Writes in several transactions (batches), each checking util.writable(); the key is stored with the last.
+    session_delete_client = sessions.delete_client,
     events_read = events.read,  -- a read that waits for the next commit; NOT_LEADER off the writable instance
 }
 
 -- Only with SC_DEBUG_PROCEDURES=1 (tests): a deliberately slow procedure.
-if os.getenv('SC_DEBUG_PROCEDURES') == '1' then
+if config.debug_procedures then
     reads.debug_sleep = function(ms)
         fiber.sleep((tonumber(ms) or 0) / 1000)
         return util.result('OK', {slept_ms = ms})
     end
+end
+
+-- Sharding (docs/design/sharding.md): what decides each procedure's bucket, from
+-- its own arguments (storage never takes the caller's word for a bucket). A key of
+-- a client's data is the client id; a session's, the session id (the bucket it
+-- carries); a device binding's, the device id; a coordination object's, its name;
+-- the global cache namespace's, the cache key. Every procedure is in ROUTE or in
+-- UNROUTED (lua/tests/buckets_test.lua fails for one that is in neither).
+local function first_key(value)
+    return 'key', value
+end
+local function first_session(value)
+    return 'session', value
+end
+local function cache_call(session_id, key)
+    if session_id == nil or session_id == '' then
+        return 'key', key
+    end
+    return 'session', session_id
+end
+local function create_call(_, client_id)
+    return 'key', client_id
+end
+local function published(_, key)
+    if key == nil or key == '' then
+        return nil  -- an event with no key: any shard's log
+    end
+    return 'key', key
+end
+M.ROUTE = {
+    session_create = create_call, session_get = first_session, session_touch = first_session,
+    session_update = first_session, session_delete = first_session, session_rotate = first_session,
+    session_list = first_key, session_delete_client = first_key,
+    cache_put = cache_call, cache_get = cache_call, cache_delete = cache_call,
+    device_bind = first_key, device_lookup = first_key,
+    prewarm_acquire = first_key, prewarm_complete = first_key, prewarm_fail = first_key, prewarm_wait = first_key,
+    counter_get = first_key, counter_add = first_key, counter_cas = first_key,
+    register_get = first_key, register_cas = first_key, sequence_reserve = first_key, sequence_get = first_key,
+    semaphore_acquire = first_key, semaphore_release = first_key, semaphore_renew = first_key,
+    semaphore_get = first_key, latch_create = first_key, latch_count_down = first_key, latch_await = first_key,
+    latch_get = first_key, queue_put = first_key, queue_take = first_key, queue_ack = first_key,
+    queue_release = first_key, queue_stats = first_key, event_publish = published,
+}
+-- Not about one key: the shard as a whole, or its failover and membership.
+M.UNROUTED = {ping = true, stats = true, session_locate = true, events_stats = true, events_read = true,
+              role = true, switchover = true, rejoin = true, join_hold = true, topology_init = true,
+              topology_add = true, topology_remove = true, debug_sleep = true, buckets_init = true}
+
+-- WRONG_BUCKET (nothing done) unless this shard serves the call's bucket.
+local function misrouted(name, ...)
+    local route = M.ROUTE[name]
+    if route == nil then
+        return nil
+    end
+    local kind, value = route(...)
+    if kind == nil then
+        return nil
+    end
+    return buckets.refusal(kind, value)
 end
 
 local DEADLINE_EXCEEDED = {status = 'DEADLINE_EXCEEDED'}
@@ -141,35 +216,40 @@ local function counted(ok, res, ...)
         return res, ...
     end
     if type(res) == 'cdata' and res.code == box.error.WAL_IO then
-        stats.wal_errors = stats.wal_errors + 1
+        stats.count_wal_error()
     end
-    require('smartcache.memory').failed(res)
+    memory.failed(res)
     error(res)
 end
 
 -- Single-key reads of guarded spaces: the space whose key is the first argument.
--- They wait for a pending write of that key (smartcache.quorum: no dirty reads).
+-- They wait for a pending write of that key (smartcache.quorum: no dirty reads,
+-- compat.NO_MVCC_DIRTY_READS).
 local KEYED_READS = {session_get = 'sessions', device_lookup = 'device', counter_get = 'counters',
                      register_get = 'registers', sequence_get = 'sequences', semaphore_get = 'semaphore_holders',
                      latch_get = 'latches'}
 
--- A wait inside a read ends this long before the call's deadline, so that its
--- answer reaches the service while the message still lives.
-local ANSWER_MARGIN_S = 0.05
+-- A wait inside a read ends config.ANSWER_MARGIN_S before the call's deadline,
+-- so that its answer reaches the service while the message still lives.
 
 local function wait_deadline_s(meta)
     local d = type(meta) == 'table' and meta.deadline_ms or meta
     if type(d) ~= 'number' then
         return nil
     end
-    return d / 1000 - ANSWER_MARGIN_S
+    return d / 1000 - config.ANSWER_MARGIN_S
 end
 
-local function read_procedure(fn, space_name)
-    if space_name == nil then
+local function read_procedure(name, fn, space_name)
+    -- Only a read of one key of a guarded space waits, and only without MVCC.
+    if space_name == nil or not compat.NO_MVCC_DIRTY_READS then
         return function(meta, ...)
             if past(meta) then
                 return DEADLINE_EXCEEDED
+            end
+            local wrong = misrouted(name, ...)
+            if wrong ~= nil then
+                return wrong
             end
             return counted(pcall(fn, ...))
         end
@@ -177,6 +257,10 @@ local function read_procedure(fn, space_name)
     return function(meta, key, ...)
         if past(meta) then
             return DEADLINE_EXCEEDED
+        end
+        local wrong = misrouted(name, key, ...)
+        if wrong ~= nil then
+            return wrong
         end
         if quorum.enabled and key ~= nil and not quorum.wait_key(space_name, key, wait_deadline_s(meta)) then
             return WRITE_PENDING
@@ -193,6 +277,10 @@ local function write_procedure(name, fn)
         if not util.writable() then
             return NOT_LEADER
         end
+        local wrong = misrouted(name, ...)
+        if wrong ~= nil then
+            return wrong
+        end
         local key = type(meta) == 'table' and meta.idempotency_key or nil
         if key == nil then
             return counted(pcall(fn, ...))
@@ -201,10 +289,14 @@ local function write_procedure(name, fn)
     end
 end
 
-local function wait_procedure(fn)
+local function wait_procedure(name, fn)
     return function(meta, ...)
         if past(meta) then
             return DEADLINE_EXCEEDED
+        end
+        local wrong = misrouted(name, ...)
+        if wrong ~= nil then
+            return wrong
         end
         local deadline, key = meta, nil
         if type(meta) == 'table' then
@@ -219,13 +311,13 @@ end
 
 _G.sc = {}
 for name, fn in pairs(reads) do
-    _G.sc[name] = read_procedure(fn, KEYED_READS[name])
+    _G.sc[name] = read_procedure(name, fn, KEYED_READS[name])
 end
 for name, fn in pairs(writes) do
     _G.sc[name] = write_procedure(name, fn)
 end
 for name, fn in pairs(waits) do
-    _G.sc[name] = wait_procedure(fn)
+    _G.sc[name] = wait_procedure(name, fn)
 end
 
 M.names = {}

@@ -33,11 +33,7 @@ end
 -- Counters --------------------------------------------------------------------
 
 local function live_counter(name, now)
-    local t = box.space.counters:get(name)
-    if t == nil or t[FC.expires_at] <= now then
-        return nil
-    end
-    return t
+    return util.live(box.space.counters, name, FC.expires_at, now)
 end
 
 local function counter_fields(t, now)
@@ -96,7 +92,7 @@ end
 
 -- OK {value, rev}: it was `expected` and is `value` now. CONFLICT {value, rev}: it was not.
 function M.counter_cas(name, expected, value, ttl_ms)
-    ttl_ms = coord.arg(ttl_ms)
+    expected, value, ttl_ms = coord.arg(expected), coord.arg(value), coord.arg(ttl_ms)
     local err = coord.check_name(name) or coord.check_int(expected, 'expected', -MAX, MAX)
         or coord.check_int(value, 'value', -MAX, MAX) or check_ttl(ttl_ms)
     if err ~= nil then
@@ -115,11 +111,7 @@ end
 -- Registers -------------------------------------------------------------------
 
 local function live_register(name, now)
-    local t = box.space.registers:get(name)
-    if t == nil or t[FR.expires_at] <= now then
-        return nil
-    end
-    return t
+    return util.live(box.space.registers, name, FR.expires_at, now)
 end
 
 -- Equal msgpack values: maps by their keys, numbers by value (64-bit cdata included).
@@ -186,7 +178,7 @@ end
 -- OK {first, last}: count ids of their own. A new sequence starts at `start`
 -- (default 1; ignored once it exists). CONFLICT {next}: past 2^53 - 1.
 function M.sequence_reserve(name, count, start)
-    start = util.opt(start, 1)
+    count, start = coord.arg(count), util.opt(start, 1)
     local err = coord.check_name(name) or coord.check_int(count, 'count', 1, M.MAX_RESERVE)
         or coord.check_int(start, 'start', 0, MAX)
     if err ~= nil then
@@ -196,10 +188,12 @@ function M.sequence_reserve(name, count, start)
     return util.atomic(function()
         local t = box.space.sequences:get(name)
         local first = t and tonumber(t[FS.next]) or start
-        local last = first + count - 1
-        if last > MAX then
+        -- Compared as first > MAX - (count - 1), exact: first + count - 1 rounds past 2^53 (MAX + 2 - 1
+        -- gave MAX: a range of 2 answered as [MAX, MAX]).
+        if first > MAX - (count - 1) then
             return util.result('CONFLICT', {next = first})
         end
+        local last = first + count - 1
         box.space.sequences:replace({name, last + 1, now})
         return util.result('OK', {first = first, last = last})
     end)

@@ -12,10 +12,12 @@
 --   smartcache.queues      task queues: ready/taken/delayed, time-to-run, one
 --                          fiber for every timeout (after tarantool/queue's fifottl)
 --
--- This module holds what they share (limits, argument checks, the wait
--- budget of a waiting procedure) and starts their run-time parts.
-local fiber = require('fiber')
+-- This module holds what they share: limits, argument checks, the wait budget
+-- of a waiting procedure. smartcache.runtime starts their triggers and fiber,
+-- smartcache.stats reports their counters.
 local clock = require('clock')
+local config = require('smartcache.config')
+local util = require('smartcache.util')
 
 local M = {}
 
@@ -24,17 +26,12 @@ local M = {}
 M.NEVER = 2 ^ 46
 -- Largest magnitude of a counter value or sequence id: exact in a Lua number
 -- (and in JavaScript).
-M.MAX_SAFE = 2 ^ 53 - 1
+M.MAX_SAFE = util.MAX_SAFE
 M.MAX_NAME_BYTES = 256
 M.MAX_HOLDER_BYTES = 128
--- A waiting procedure gives up this long before its call's deadline, so its
--- answer reaches the service in time and nothing is granted to a caller that
--- has given up.
-M.WAIT_MARGIN_MS = 5
--- Waiters look at util.writable() at least this often: one that sits on an
--- instance that stopped leading answers NOT_LEADER (the service re-sends the
--- call to the new leader) instead of waiting out its time.
-M.WRITABLE_CHECK_S = 1
+-- A waiting procedure gives up config.WAIT_MARGIN_MS before its call's
+-- deadline (wait_end), and its waiters look at util.writable() at least every
+-- config.WRITABLE_CHECK_S (the deadline budget, in smartcache.config).
 
 -- Checks: each returns an error message or nil.
 
@@ -85,14 +82,14 @@ function M.left(deadline, now)
 end
 
 -- The clock.monotonic() moment a waiting procedure stops waiting: wait_ms
--- from now, and WAIT_MARGIN_MS before the call's deadline (ms on this
+-- from now, and config.WAIT_MARGIN_MS before the call's deadline (ms on this
 -- instance's clock; nil = none). Uncached clocks: fiber.clock() and
 -- fiber.time() are those of the event loop's turn, which may be old by
 -- whatever ran since.
 function M.wait_end(wait_ms, deadline_ms)
     local budget = wait_ms
     if deadline_ms ~= nil then
-        budget = math.min(budget, deadline_ms - M.WAIT_MARGIN_MS - clock.time() * 1000)
+        budget = math.min(budget, deadline_ms - config.WAIT_MARGIN_MS - clock.time() * 1000)
     end
     return clock.monotonic() + math.max(budget, 0) / 1000
 end
@@ -102,49 +99,9 @@ function M.arg(value)
     if value == nil then
         return nil
     end
-    return value
+    return util.plain(value)
 end
 
 M.NOT_LEADER = {status = 'NOT_LEADER'}
-
--- Install the triggers (now, or once replication brings the spaces) and start the queue fiber.
-function M.start()
-    local semaphores = require('smartcache.semaphores')
-    local latches = require('smartcache.latches')
-    local queues = require('smartcache.queues')
-    local function install()
-        semaphores.install()
-        latches.install()
-        queues.install()
-    end
-    if box.space.queue_tasks ~= nil then
-        install()
-    else
-        fiber.create(function()
-            fiber.name('wait_schema_coordination')
-            while box.space.queue_tasks == nil do
-                fiber.sleep(0.1)
-            end
-            install()
-        end)
-    end
-    queues.start()
-end
-
--- For sc.stats: waiters right now on this instance, and what ran out.
-function M.stats()
-    local semaphores = require('smartcache.semaphores')
-    local latches = require('smartcache.latches')
-    local queues = require('smartcache.queues')
-    return {
-        semaphore_waiters = semaphores.waiters:total(),
-        latch_waiters = latches.waiters:total(),
-        queue_waiters = queues.waiters:total(),
-        leases_expired = semaphores.expired,
-        tasks_ttr_returned = queues.counters.ttr_returned,
-        tasks_expired = queues.counters.expired,
-        tasks_delay_ended = queues.counters.delay_ended,
-    }
-end
 
 return M

@@ -23,6 +23,7 @@ local fiber = require('fiber')
 local clock = require('clock')
 local log = require('log')
 local util = require('smartcache.util')
+local config = require('smartcache.config')
 local quorum = require('smartcache.quorum')
 
 local M = {}
@@ -40,14 +41,18 @@ M.META_FLOOR = 'events_floor'
 -- Partitions exist from today to this many days ahead.
 M.AHEAD_DAYS = 1
 M.DAY_MS = 86400 * 1000
-local ERROR_PAUSE_S = 1
 
-M.retention_days = util.env_number('SC_EVENTS_RETENTION_DAYS', 2)
-M.maintenance_interval_s = util.env_number('SC_EVENTS_MAINTENANCE_S', 60)
+M.retention_days = config.events_retention_days
+M.maintenance_interval_s = config.events_maintenance_s
 -- The clock of partitions (ms since the epoch); tests replace it.
 M.clock = util.now_ms
--- Called when this instance stops being writable (smartcache.events wakes its readers).
-M.on_demote = nil
+-- Called when this instance stops being writable: smartcache.events registers the
+-- wake-up of its readers (set_on_demote).
+local on_demote = nil
+
+function M.set_on_demote(fn)
+    on_demote = fn
+end
 -- Since start, on this instance.
 M.counters = {created = 0, created_in_write = 0, dropped = 0, maintenance_errors = 0}
 M.last_drop = nil
@@ -101,6 +106,17 @@ function M.create(day)
     return s
 end
 
+-- The first write of a day whose partition does not exist yet (the maintenance
+-- fiber creates them ahead: this is the first write of a new instance, or a
+-- clock far ahead) creates it inside the writer's transaction. Its guard comes
+-- with the creation's commit: the transaction is made synchronous now.
+function M.create_in_write(day)
+    local s = M.create(day)
+    M.counters.created_in_write = M.counters.created_in_write + 1
+    quorum.join()
+    return s
+end
+
 -- The partition the last event went to and its day, remembered (checked at
 -- each use: a rollback may have emptied it).
 local head_space, head_day = nil, nil
@@ -145,7 +161,7 @@ function M.drop(name)
     local events = s:len()
     local started = clock.monotonic()
     box.atomic(function()
-        require('smartcache.quorum').join()  -- synchronous: no asynchronous transaction in the limbo
+        quorum.join()  -- synchronous: no asynchronous transaction in the limbo
         if top ~= nil and top[M.F.seq] > M.floor() then
             box.space.sc_meta:replace({M.META_FLOOR, top[M.F.seq]})
         end
@@ -169,7 +185,7 @@ function M.maintain()
             -- In a synchronous transaction of its own: DDL is a write of the leader too, and on 2.6.0 an
             -- asynchronous one must not meet synchronous writes in the limbo (smartcache.quorum, GUARDED).
             box.atomic(function()
-                require('smartcache.quorum').join()
+                quorum.join()
                 M.create(day)
             end)
             M.counters.created = M.counters.created + 1
@@ -205,13 +221,13 @@ local function loop()
             else
                 M.counters.maintenance_errors = M.counters.maintenance_errors + 1
                 log.error('events maintenance: %s', tostring(err))
-                fiber.sleep(ERROR_PAUSE_S)
+                fiber.sleep(config.ERROR_PAUSE_S)
             end
         else
-            if was_writable and M.on_demote ~= nil then
-                M.on_demote()
+            if was_writable and on_demote ~= nil then
+                on_demote()
             end
-            fiber.sleep(ERROR_PAUSE_S)  -- a follower looks again soon: a promotion maintains within a second
+            fiber.sleep(config.ERROR_PAUSE_S)  -- a follower looks again soon: a promotion maintains within a second
         end
         was_writable = writable
     end

@@ -13,13 +13,14 @@
 --     Readers keep the last number they saw: a cursor. No clock agreement, no
 --     lag window, no de-duplication.
 --   * Readers see committed events only. On 2.6 a change waiting for its WAL
---     write or its synchronous quorum is already visible (no MVCC); a reader
+--     write or its synchronous quorum is already visible (no MVCC:
+--     compat.NO_MVCC_DIRTY_READS); a reader
 --     here is bounded by the oldest event of a transaction not yet ended, so
 --     it never sees an event that may still be rolled back, and never skips
 --     one that commits later. The end of a transaction util.atomic opened is
 --     reported by util.atomic itself, from the fiber that committed it; any
 --     other gets an on_commit / on_rollback trigger (a Lua trigger costs 2.6
---     a coroutine per run).
+--     a coroutine per run: compat.LUA_TRIGGER_COSTS_A_COROUTINE).
 --   * Push, not polling. A reader with nothing to read waits on a fiber.cond
 --     broadcast by the commit of a new event (PostgreSQL's LISTEN/NOTIFY,
 --     inside the database), up to wait_ms.
@@ -52,12 +53,11 @@ M.DEFAULT_LIMIT = 100
 M.SCAN_MAX = 10000
 -- Application topics live under this prefix: they can never pass for a change of state.
 M.APP_PREFIX = 'app.'
-M.WAIT_MARGIN_MS = 5
--- A waiting reader looks at util.writable() at least this often.
-M.WRITABLE_CHECK_S = 1
+-- A waiting reader stops config.WAIT_MARGIN_MS before the call's deadline and looks at
+-- util.writable() at least every config.WRITABLE_CHECK_S (the deadline budget).
 
 -- SC_EVENTS=false: changes of state write no events (application events still do).
-M.enabled = util.env_string('SC_EVENTS', 'true') ~= 'false'
+M.enabled = config.events_enabled
 
 -- Broadcast by the commit of each event; readers with nothing to read wait on it.
 M.cond = fiber.cond()
@@ -145,14 +145,14 @@ M.visible = visible
 -- The positions of the events written by the transaction util.atomic is building.
 local open_first, open_last = nil, nil
 
-util.txn_end = {
+util.on_txn_end({
     take = function()
         local a, b = open_first, open_last
         open_first, open_last = nil, nil
         return a, b
     end,
     settle = settle,
-}
+})
 
 -- Until its transaction ends: util.atomic reports the end of those it opens,
 -- others (box.atomic) get a commit and a rollback trigger.
@@ -190,12 +190,7 @@ function M.write(topic, key, payload, always)
     end
     local space = partitions.space_of(day)
     if space == nil then
-        -- The maintenance fiber creates partitions ahead: this is the first
-        -- write of a new instance, or a clock far ahead.
-        space = partitions.create(day)
-        partitions.counters.created_in_write = partitions.counters.created_in_write + 1
-        -- Its guard arrives when the creation commits: make this transaction synchronous now.
-        require('smartcache.quorum').join()
+        space = partitions.create_in_write(day)
     end
     row[1], row[2], row[3], row[4], row[5] = seq, now, topic, key or '', payload
     util.insert(space, row)
@@ -206,11 +201,13 @@ end
 
 -- Application events ----------------------------------------------------------
 
+-- A topic is M.APP_PREFIX and a name of at least one byte, M.MAX_TOPIC_BYTES at most in all
+-- (the prefix counts), of ASCII letters and digits and . _ : / - (spelled out: no locale).
 function M.check_topic(topic)
     if type(topic) ~= 'string' or #topic > M.MAX_TOPIC_BYTES or topic:sub(1, #M.APP_PREFIX) ~= M.APP_PREFIX
-            or #topic == #M.APP_PREFIX or not topic:match('^[%w%._:/%-]+$') then
-        return string.format('topic must be %s<name>, at most %d bytes of letters, digits and . _ : / -',
-            M.APP_PREFIX, M.MAX_TOPIC_BYTES)
+            or #topic == #M.APP_PREFIX or not topic:match('^[A-Za-z0-9._:/%-]+$') then
+        return string.format('topic must be %s<name>, %d..%d bytes in all of ASCII letters, digits and . _ : / -',
+            M.APP_PREFIX, #M.APP_PREFIX + 1, M.MAX_TOPIC_BYTES)
     end
     return nil
 end
@@ -220,10 +217,10 @@ function M.publish(topic, key, payload)
     key = util.opt(key, '')
     local err = M.check_topic(topic)
     if err == nil and (type(key) ~= 'string' or #key > M.MAX_KEY_BYTES) then
-        err = string.format('key must be a string of at most %d bytes', M.MAX_KEY_BYTES)
+        err = string.format('key must be a string of 0..%d bytes', M.MAX_KEY_BYTES)
     end
     if err == nil and #msgpack.encode(payload) > M.MAX_PAYLOAD_BYTES then
-        err = string.format('payload must be at most %d bytes of msgpack', M.MAX_PAYLOAD_BYTES)
+        err = string.format('payload must be 0..%d bytes of msgpack', M.MAX_PAYLOAD_BYTES)
     end
     if err ~= nil then
         return util.bad_request(err)
@@ -291,16 +288,17 @@ local function check_read(after_seq, topics, limit, wait_ms, rows)
     if rows ~= nil and type(rows) ~= 'boolean' then
         return 'rows must be a boolean'
     end
-    if after_seq ~= nil and (type(after_seq) ~= 'number' or after_seq ~= math.floor(after_seq) or after_seq < 0) then
-        return 'after_seq must be an integer >= 0'
+    if after_seq ~= nil and (type(after_seq) ~= 'number' or after_seq ~= math.floor(after_seq) or after_seq < 0
+            or after_seq > util.MAX_SAFE) then
+        return string.format('after_seq must be an integer in 0..%.0f', util.MAX_SAFE)
     end
     if topics ~= nil then
         if type(topics) ~= 'table' or #topics > M.MAX_TOPICS then
-            return string.format('topics must be a list of at most %d topic prefixes', M.MAX_TOPICS)
+            return string.format('topics must be a list of 0..%d topic prefixes', M.MAX_TOPICS)
         end
         for _, p in ipairs(topics) do
             if type(p) ~= 'string' or #p > M.MAX_TOPIC_BYTES then
-                return string.format('each topic prefix must be a string of at most %d bytes', M.MAX_TOPIC_BYTES)
+                return string.format('each topic prefix in topics must be a string of 0..%d bytes', M.MAX_TOPIC_BYTES)
             end
         end
     end
@@ -318,7 +316,10 @@ local NOT_LEADER = {status = 'NOT_LEADER'}
 -- EVENTS_READ: OK {events, last_seq, head_seq, oldest_seq} · CURSOR_TOO_OLD {oldest_seq, head_seq} · NOT_LEADER.
 -- Events with seq > after_seq (nil: none, just the head) whose topic starts with
 -- one of `topics` (nil or empty: all), at most `limit`; last_seq is the cursor
--- to go on from (the last sequence looked at, matching or not). With nothing
+-- to go on from (the last sequence looked at, matching or not; never beyond
+-- head_seq: a cursor beyond the head, from another cluster or from events a
+-- leader without SC_SYNC lost, is read from the head, and the events that
+-- come after it are new to the reader). With nothing
 -- to answer it waits up to wait_ms for a commit (a waiting procedure: api.lua
 -- `waits`). Only the writable instance answers: a follower may hold events
 -- of a synchronous transaction that is still to be rolled back. rows = true:
@@ -336,7 +337,7 @@ function M.read(deadline_ms, _, after_seq, topics, limit, wait_ms, rows)
     end
     local budget = wait_ms
     if deadline_ms ~= nil then
-        budget = math.min(budget, deadline_ms - M.WAIT_MARGIN_MS - util.now_ms())
+        budget = math.min(budget, deadline_ms - config.WAIT_MARGIN_MS - util.now_ms())
     end
     local stop = fiber.clock() + math.max(budget, 0) / 1000
     local cursor = after_seq
@@ -353,6 +354,9 @@ function M.read(deadline_ms, _, after_seq, topics, limit, wait_ms, rows)
             return util.result('CURSOR_TOO_OLD', {oldest_seq = dropped + 1, head_seq = upto,
                 message = string.format('events up to %d were dropped with their partitions', dropped)})
         end
+        if cursor > upto then
+            cursor = upto  -- beyond the head: answering it as last_seq would make the reader skip what comes
+        end
         local out, last = scan(cursor, upto, topics, limit, rows)
         local left = stop - fiber.clock()
         if #out > 0 or left <= 0 or last < upto then
@@ -360,7 +364,7 @@ function M.read(deadline_ms, _, after_seq, topics, limit, wait_ms, rows)
         end
         cursor = last  -- nothing that matches up to the head: wait for the next commit from here
         M.waiters = M.waiters + 1
-        M.cond:wait(math.min(left, M.WRITABLE_CHECK_S))
+        M.cond:wait(math.min(left, config.WRITABLE_CHECK_S))
         M.waiters = M.waiters - 1
     end
 end
@@ -382,9 +386,9 @@ end
 
 -- Partitions now (on a writable instance) and their fiber; readers wake when this instance stops leading.
 function M.start()
-    partitions.on_demote = function()
+    partitions.set_on_demote(function()
         M.cond:broadcast()
-    end
+    end)
     partitions.start()
 end
 

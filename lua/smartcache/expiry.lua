@@ -1,9 +1,16 @@
 -- Expiry fibers: one per space, sweeping by its by_deadline index.
 --
--- Each fiber deletes due tuples in batches (yielding between batches), then
--- sleeps until the next deadline (at most sweep_max_sleep_s, so new earlier
--- deadlines are picked up). It does nothing on a read-only instance, and
--- survives errors (logged, retried after a pause).
+-- Each fiber deletes due tuples in batches of sweep_batch (yielding between
+-- batches), then sleeps until the next deadline, read after its batch
+-- committed (at most sweep_max_sleep_s). A write that gives a tuple a deadline
+-- before the fiber's wake-up says so (deadline_set: sessions.create, through
+-- its on_deadline hook) and wakes it: a session's session.expired event comes
+-- at its deadline plus the batches due before it, whatever sweep_max_sleep_s
+-- is. (It did not before: with SC_SWEEP_MAX_SLEEP_S = 15 a 1 s session was
+-- swept up to 15 s after it was created, measured 12.9 s.) Only a new tuple can
+-- be due before the wake-up: a refresh or an update moves a deadline later. It
+-- does nothing on a read-only instance, and survives errors (logged, retried
+-- after a pause).
 local fiber = require('fiber')
 local log = require('log')
 local util = require('smartcache.util')
@@ -16,82 +23,80 @@ local M = {}
 M.expired = {sessions = 0, cache = 0, prewarm = 0, idempotency = 0, counters = 0, registers = 0, latches = 0,
              semaphore_holders = 0}
 M.errors = 0
--- Set to true to hold all sweeping (tests, maintenance); the fibers keep sleeping.
+-- True while all sweeping is held (set_paused: tests, maintenance); the fibers keep sleeping.
 M.paused = false
 
-local ERROR_PAUSE_S = 1
+-- Hold all sweeping (on = true) or let it go on; returns whether it was held before.
+function M.set_paused(on)
+    local was = M.paused
+    M.paused = on and true or false
+    return was
+end
+
+-- delete(t) for a space whose primary key is these fields of its tuples.
+local function by_key(space_name, ...)
+    local fields = {...}
+    return function(t)
+        local key = {}
+        for i, f in ipairs(fields) do
+            key[i] = t[f]
+        end
+        box.space[space_name]:delete(key)
+    end
+end
 
 -- Per space: deadline field and how to delete one due tuple.
+local F = schema.F
 local spaces = {
-    sessions = {
-        deadline = schema.F.sessions.expires_at,
-        delete = function(t)
-            sessions.drop(t[schema.F.sessions.id])  -- cascades to the session's cache
-        end,
-    },
-    cache = {
-        deadline = schema.F.cache.expires_at,
-        delete = function(t)
-            box.space.cache:delete({t[schema.F.cache.session_id], t[schema.F.cache.key]})
-        end,
-    },
-    prewarm = {
-        deadline = schema.F.prewarm.expires_at,
-        delete = function(t)
-            box.space.prewarm:delete({t[schema.F.prewarm.client_id], t[schema.F.prewarm.data_type]})
-        end,
-    },
-    idempotency = {
-        deadline = schema.F.idempotency.expires_at,
-        delete = function(t)
-            box.space.idempotency:delete(t[schema.F.idempotency.key])
-        end,
-    },
+    sessions = {deadline = F.sessions.expires_at, delete = function(t)
+        sessions.drop(t[F.sessions.id])  -- cascades to the session's cache
+    end},
+    cache = {deadline = F.cache.expires_at, delete = by_key('cache', F.cache.session_id, F.cache.key)},
+    prewarm = {deadline = F.prewarm.expires_at, delete = by_key('prewarm', F.prewarm.client_id, F.prewarm.data_type)},
+    idempotency = {deadline = F.idempotency.expires_at, delete = by_key('idempotency', F.idempotency.key)},
     -- Coordination (smartcache.coordination): TTLs, and semaphore leases that
     -- ran out (the delete wakes the semaphore's first waiter).
-    counters = {
-        deadline = schema.F.counters.expires_at,
-        delete = function(t)
-            box.space.counters:delete(t[schema.F.counters.name])
-        end,
-    },
-    registers = {
-        deadline = schema.F.registers.expires_at,
-        delete = function(t)
-            box.space.registers:delete(t[schema.F.registers.name])
-        end,
-    },
-    latches = {
-        deadline = schema.F.latches.expires_at,
-        delete = function(t)
-            box.space.latches:delete(t[schema.F.latches.name])
-        end,
-    },
-    semaphore_holders = {
-        deadline = schema.F.semaphore_holders.lease_until,
-        delete = function(t)
-            box.space.semaphore_holders:delete({t[schema.F.semaphore_holders.name],
-                                                t[schema.F.semaphore_holders.holder]})
-        end,
-    },
+    counters = {deadline = F.counters.expires_at, delete = by_key('counters', F.counters.name)},
+    registers = {deadline = F.registers.expires_at, delete = by_key('registers', F.registers.name)},
+    latches = {deadline = F.latches.expires_at, delete = by_key('latches', F.latches.name)},
+    semaphore_holders = {deadline = F.semaphore_holders.lease_until,
+                         delete = by_key('semaphore_holders', F.semaphore_holders.name, F.semaphore_holders.holder)},
 }
 
+-- Per space: while its fiber sleeps until the next deadline, when it wakes (ms since the
+-- epoch; nil while it sweeps or sleeps for another reason), and the cond it sleeps on.
+local wake_at, wake = {}, {}
+for name in pairs(spaces) do
+    wake[name] = fiber.cond()
+end
+
+-- A tuple of space `name` was given deadline `at` (ms since the epoch): wake the fiber
+-- if it sleeps past it. A write calls it inside its transaction (nothing yields).
+function M.deadline_set(name, at)
+    local w = wake_at[name]
+    if w ~= nil and at < w then
+        wake_at[name] = nil
+        wake[name]:signal()
+    end
+end
+
+sessions.set_on_deadline(function(at)
+    M.deadline_set('sessions', at)
+end)
+
 -- Delete up to one batch of due tuples; returns (deleted, seconds until the next deadline).
+-- The next deadline is read after the batch committed: a tuple written while the
+-- delete waited for its WAL write (or quorum) is seen, with nothing to wake the fiber.
 function M.sweep_once(name)
     local spec = spaces[name]
+    local index = box.space[name].index.by_deadline
     local now = util.now_ms()
     local due = {}
-    local next_in = config.sweep_max_sleep_s
-    for _, t in box.space[name].index.by_deadline:pairs({}, {iterator = 'GE'}) do
-        if t[spec.deadline] > now then
-            next_in = math.min(next_in, (t[spec.deadline] - now) / 1000)
+    for _, t in index:pairs({}, {iterator = 'GE'}) do
+        if t[spec.deadline] > now or #due >= config.sweep_batch then
             break
         end
         table.insert(due, t)
-        if #due >= config.sweep_batch then
-            next_in = 0
-            break
-        end
     end
     if #due > 0 then
         util.atomic(function()
@@ -100,6 +105,11 @@ function M.sweep_once(name)
             end
         end)
         M.expired[name] = M.expired[name] + #due
+    end
+    local next_in = config.sweep_max_sleep_s
+    local first = index:min()
+    if first ~= nil then
+        next_in = math.min(next_in, math.max(first[spec.deadline] - util.now_ms(), 0) / 1000)
     end
     return #due, next_in
 end
@@ -114,9 +124,11 @@ local function loop(name)
             if not ok then
                 M.errors = M.errors + 1
                 log.error('expiry %s: %s', name, tostring(n))
-                fiber.sleep(ERROR_PAUSE_S)
+                fiber.sleep(config.ERROR_PAUSE_S)
             elseif next_in > 0 then
-                fiber.sleep(next_in)
+                wake_at[name] = util.now_ms() + next_in * 1000
+                wake[name]:wait(next_in)
+                wake_at[name] = nil
             else
                 fiber.yield()
             end

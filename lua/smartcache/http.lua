@@ -14,6 +14,9 @@ local expiry = require('smartcache.expiry')
 local util = require('smartcache.util')
 local schema = require('smartcache.schema')
 local sessions = require('smartcache.sessions')
+local runtime = require('smartcache.runtime')
+local failover = require('smartcache.failover')
+local config = require('smartcache.config')
 
 local M = {}
 
@@ -57,7 +60,7 @@ end
 -- failure, above 90 % of memtx memory, DIVERGED, or stepped down for its WAL.
 -- role: master/replica (standalone), or the failover role in HA mode.
 local function health()
-    local doc = require('smartcache.runtime').health()
+    local doc = runtime.health()
     return doc.healthy and 200 or 503, 'application/json', json.encode(doc)
 end
 
@@ -108,7 +111,7 @@ local function metrics()
         '1 when replication from this upstream peer follows (only peers we replicate from).', up)
     metric(out, 'smartcache_tarantool_replication_downstream_up', 'gauge',
         '1 when this downstream peer follows us (only peers that replicate from us).', down)
-    local memtx = require('smartcache.runtime').memtx()
+    local memtx = runtime.memtx()
     -- (named quota_used for the alert rules of earlier versions; it is arena_used)
     metric(out, 'smartcache_tarantool_memtx_quota_used_bytes', 'gauge', 'memtx arena in use (box.slab.info).',
         {{'', memtx.arena_used_bytes}})
@@ -131,23 +134,28 @@ local function metrics()
         {{'', memtx.quota_bytes}})
     metric(out, 'smartcache_tarantool_memtx_items_used_bytes', 'gauge', 'Bytes of tuples stored.',
         {{'', memtx.items_used_bytes}})
-    local h = require('smartcache.runtime').health()
+    local h = runtime.health()
     metric(out, 'smartcache_tarantool_healthy', 'gauge', '1 when /health answers 200.', {{'', h.healthy and 1 or 0}})
     metric(out, 'smartcache_tarantool_memtx_used_ratio', 'gauge', 'memtx arena in use / memtx_memory.',
         {{'', h.memtx.used_ratio}})
-    local fo = require('smartcache.failover')
-    local st = fo.instance and fo.instance:status()
+    local st = failover.instance and failover.instance:status()
     local roles = {}
-    for _, r in ipairs(fo.ROLES) do
-        table.insert(roles, {string.format('{role="%s"}', r), (st and st.role or 'standalone') == r and 1 or 0})
+    local current = st and st.role or (config.ha and 'starting' or 'standalone')
+    for _, r in ipairs(failover.ROLES) do
+        table.insert(roles, {string.format('{role="%s"}', r), current == r and 1 or 0})
     end
     metric(out, 'smartcache_tarantool_failover_role', 'gauge', 'This instance\'s failover role (1 for the current).',
         roles)
     metric(out, 'smartcache_tarantool_failover_writable', 'gauge', '1 while this instance may write.',
-        {{'', fo.writable() and 1 or 0}})
+        {{'', failover.writable() and 1 or 0}})
     if st ~= nil then
-        metric(out, 'smartcache_tarantool_failover_term', 'gauge', 'Term (leader key revision) led or followed.',
+        metric(out, 'smartcache_tarantool_failover_term', 'gauge', 'Term led or followed (counted in the leader key).',
             {{'', st.term}})
+        metric(out, 'smartcache_tarantool_failover_max_term', 'gauge', 'The highest term seen, kept durably.',
+            {{'', st.max_term}})
+        metric(out, 'smartcache_tarantool_failover_dcs_regressed', 'gauge',
+            '1 while etcd went back (a stale key, a lower revision, a forgotten replica set) and no leader since.',
+            {{'', st.dcs_regressed ~= nil and 1 or 0}})
         metric(out, 'smartcache_tarantool_failover_lease_left_seconds', 'gauge',
             'How long this leader may still write without a renewal.', {{'', st.lease_left_ms / 1000}})
         metric(out, 'smartcache_tarantool_failover_fenced', 'gauge',
@@ -155,9 +163,16 @@ local function metrics()
         metric(out, 'smartcache_tarantool_failover_diverged', 'gauge',
             '1 when this instance holds rows the leader does not (rebuild it: cluster rejoin).',
             {{'', st.diverged ~= nil and 1 or 0}})
+        metric(out, 'smartcache_tarantool_failover_topology_version', 'gauge',
+            'The version of the topology (the members in etcd) this instance acts on; 0: none.',
+            {{'', type(st.topology_version) == 'number' and st.topology_version or 0}})
+        metric(out, 'smartcache_tarantool_failover_topology_problem', 'gauge',
+            '1 while etcd has no topology, or an older one, than this instance saw (it acts on its own).',
+            {{'', st.topology_problem ~= nil and 1 or 0}})
         local events = {}
         for _, e in ipairs({'elections_won', 'promotions', 'fences', 'step_downs', 'etcd_errors', 'divergences',
-                            'switchovers', 'join_holds', 'reconnects', 'quorum_raises'}) do
+                            'switchovers', 'join_holds', 'reconnects', 'quorum_raises', 'quorum_lowerings',
+                            'dcs_regressions', 'auto_rejoins', 'set_asides', 'set_asides_removed'}) do
             table.insert(events, {string.format('{event="%s"}', e), st.counters[e]})
         end
         metric(out, 'smartcache_tarantool_failover_events_total', 'counter', 'Failover events on this instance.',

@@ -22,11 +22,7 @@ M.DEFAULT_TTL_MS = 3600 * 1000
 M.waiters = waitlist.new()
 
 local function live(name, now)
-    local t = box.space.latches:get(name)
-    if t == nil or t[F.expires_at] <= now then
-        return nil
-    end
-    return t
+    return util.live(box.space.latches, name, F.expires_at, now)
 end
 
 -- OK {count, expires_in_ms} · ALREADY_EXISTS {count, expires_in_ms}: a live latch of that name exists.

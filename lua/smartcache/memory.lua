@@ -21,15 +21,13 @@
 -- found no free slab while the leader's still had room (the fault suite's
 -- memtx-full, 1 full run in 3), so below MIN_MEMTX_MEMORY start warns.
 local fiber = require('fiber')
-local util = require('smartcache.util')
+local log = require('log')
+local config = require('smartcache.config')
 
 local M = {}
 
 M.LOSSY_SPACES = {'cache', 'prewarm'}
-M.lossy_share = util.env_number('SC_CACHE_MEMORY_SHARE', 0.4)
-if M.lossy_share <= 0 or M.lossy_share > 0.9 then
-    error('SC_CACHE_MEMORY_SHARE must be in (0, 0.9]')
-end
+M.lossy_share = config.cache_memory_share  -- checked in smartcache.config
 -- /health is unhealthy this long after a write was refused or failed for memory.
 M.ERROR_WINDOW_S = 10
 
@@ -87,7 +85,6 @@ end
 -- the leader's 19 %), and a follower that cannot allocate a row never gets past
 -- it to the deletes that would free memory. So: when memtx holds clearly more
 -- than the spaces do, collect.
-M.RECLAIM_INTERVAL_S = 0.5
 M.reclaims = 0
 
 -- What memtx holds beyond the spaces' bytes: tuple headers, size-class rounding,
@@ -121,7 +118,7 @@ local function reclaim_loop()
                 baseline = extra
             end
         end
-        fiber.sleep(M.RECLAIM_INTERVAL_S)
+        fiber.sleep(config.RECLAIM_INTERVAL_S)
     end
 end
 
@@ -130,7 +127,7 @@ M.MIN_MEMTX_MEMORY = 256 * 1024 * 1024
 function M.start()
     local quota = type(box.cfg) == 'table' and box.cfg.memtx_memory or 0
     if quota < M.MIN_MEMTX_MEMORY then
-        require('log').warn('memtx_memory is %d MiB: below %d MiB (16 MiB slabs) a follower may run out of memory ' ..
+        log.warn('memtx_memory is %d MiB: below %d MiB (16 MiB slabs) a follower may run out of memory ' ..
             'before the cache budget refuses a write, and its replication stops (SC_MEMTX_MEMORY)',
             math.floor(quota / 1048576), M.MIN_MEMTX_MEMORY / 1048576)
     end

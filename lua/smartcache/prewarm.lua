@@ -14,6 +14,7 @@ local fiber = require('fiber')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local events = require('smartcache.events')
+local memory = require('smartcache.memory')
 local F = require('smartcache.schema').F.prewarm
 
 local M = {}
@@ -99,7 +100,7 @@ function M.complete(client_id, data_type, owner, data)
     return release(client_id, data_type, owner, {
         {'=', F.data, data}, {'=', F.updated_at, now}, {'=', F.expires_at, now + config.prewarm_retention_ms},
     }, function()
-        require('smartcache.memory').check_lossy('prewarm_complete')
+        memory.check_lossy('prewarm_complete')
         events.write('products.stored', client_id, {data_type = data_type})
     end)
 end
@@ -157,6 +158,13 @@ function M.on_replace(old, new)
     if w ~= nil then
         w.cond:broadcast()
     end
+end
+
+-- Install M.on_replace on the prewarm space, once: a second call replaces the first one's.
+local installed = nil
+function M.install_trigger()
+    box.space.prewarm:on_replace(M.on_replace, installed)
+    installed = M.on_replace
 end
 
 return M

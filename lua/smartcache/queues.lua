@@ -11,7 +11,12 @@
 --     v             │  └──────── delayed <─(delay)─────┘ │
 --   delayed ────────┘                                    │ time-to-run passes
 --                   ^────────────────────────────────────┘ (back to ready)
---   ready or delayed past its TTL: deleted.
+--   past its TTL, whatever its state (taken included): deleted.
+--
+-- The TTL (ttl_ms) counts from when the task is first ready (put + its
+-- delay); a release's delay does not move it, and a take's time-to-run ends
+-- at it at the latest, so a taken task past its TTL is deleted then (its
+-- taker's ack or release answers NOT_FOUND), not handed to another taker.
 --
 -- take() gives the first ready task by (priority, id): FIFO within a
 -- priority, 0 first. With none ready it waits up to wait_ms on a fiber.cond,
@@ -117,7 +122,7 @@ local function wait_task(w, name, ttr_ms, key, stop)
         if left <= 0 then
             return util.result('TIMEOUT', {message = 'no task ready within wait_ms'})
         end
-        waiters:wait(w, math.min(left, coord.WRITABLE_CHECK_S))
+        waiters:wait(w, math.min(left, config.WRITABLE_CHECK_S))
         if not util.writable() then
             return coord.NOT_LEADER
         end
@@ -192,7 +197,7 @@ end
 -- taker that did the work). Without: only while it is taken.
 -- OK · NOT_FOUND · CONFLICT {attempt, state}.
 function M.ack(name, task_id, attempt)
-    attempt = coord.arg(attempt)
+    task_id, attempt = coord.arg(task_id), coord.arg(attempt)
     local err = check_task(name, task_id, attempt)
     if err ~= nil then
         return util.bad_request(err)
@@ -210,7 +215,7 @@ end
 
 -- Give a taken task back: ready now, or after delay_ms. OK · NOT_FOUND · CONFLICT {attempt, state}.
 function M.release(name, task_id, attempt, delay_ms)
-    attempt, delay_ms = coord.arg(attempt), util.opt(delay_ms, 0)
+    task_id, attempt, delay_ms = coord.arg(task_id), coord.arg(attempt), util.opt(delay_ms, 0)
     local err = check_task(name, task_id, attempt) or coord.check_int(delay_ms, 'delay_ms', 0, config.max_ttl_ms)
     if err ~= nil then
         return util.bad_request(err)
@@ -243,10 +248,11 @@ end
 
 -- The timeout fiber ---------------------------------------------------------------
 
--- A task whose next_event came: delayed -> ready, taken -> ready, ready -> deleted (TTL).
+-- A task whose next_event came: past its TTL (any state; a ready task's next_event is its
+-- TTL) -> deleted; else delayed -> ready, taken -> ready (its time-to-run passed).
 local function due(t, now)
     local id, state = t[F.id], t[F.state]
-    if state == READY or t[F.expires_at] <= now and state == DELAYED then
+    if state == READY or t[F.expires_at] <= now then
         space():delete(id)
         M.counters.expired = M.counters.expired + 1
     elseif state == DELAYED then
@@ -286,7 +292,6 @@ function M.process_once(now)
     return moved, next_at
 end
 
-local ERROR_PAUSE_S = 1
 
 local function loop()
     fiber.name('queue_timeouts')
@@ -297,7 +302,7 @@ local function loop()
             if not ok then
                 M.counters.errors = M.counters.errors + 1
                 log.error('queue timeouts: %s', tostring(moved))
-                sleep_s = ERROR_PAUSE_S
+                sleep_s = config.ERROR_PAUSE_S
             elseif next_at ~= nil then
                 sleep_s = math.min(sleep_s, math.max(next_at - util.now_ms(), 0) / 1000)
             end

@@ -1,6 +1,6 @@
 -- Synchronous writes without synchronous rows at rest.
 --
--- Tarantool 2.6.0 cannot recover a snapshot that holds rows of a synchronous
+-- (compat.SYNC_SNAPSHOT_UNRECOVERABLE) Tarantool 2.6.0 cannot recover a snapshot that holds rows of a synchronous
 -- space (tarantool#5298, fixed in 2.6.1): each such row waits in the limbo for
 -- a CONFIRM that a snapshot never has, and box.cfg dies with "transaction
 -- rolled back during snapshot recovery" after replication_synchro_timeout. A
@@ -25,6 +25,7 @@
 local fiber = require('fiber')
 local log = require('log')
 local util = require('smartcache.util')
+local compat = require('smartcache.compat')
 
 local M = {}
 
@@ -34,7 +35,7 @@ M.KEY = 1
 -- Spaces whose writes must be on a quorum before they are acknowledged: every
 -- space the leader writes, the cache and prewarm spaces included, although
 -- losing them only costs a reload from the core. The reason is Tarantool
--- 2.6.0's limbo, not their value: an asynchronous transaction committed while
+-- 2.6.0's limbo (compat.ASYNC_BEHIND_SYNC_ROLLS_BACK), not their value: an asynchronous transaction committed while
 -- the limbo holds synchronous ones that are already acknowledged but not yet
 -- removed (their CONFIRM is being written) is queued behind them, becomes the
 -- first entry once they leave, and nothing ever confirms it (an acknowledgement
@@ -50,13 +51,17 @@ M.KEY = 1
 -- With every write of the leader synchronous, no asynchronous transaction
 -- enters the limbo. DDL of our own fibers joins the rule through M.join().
 M.GUARDED = {'sessions', 'device', 'idempotency', 'counters', 'registers', 'sequences', 'semaphore_holders',
-             'latches', 'queue_tasks', 'cache', 'prewarm'}
+             'latches', 'queue_tasks', 'sc_buckets'}
+if compat.ASYNC_BEHIND_SYNC_ROLLS_BACK then
+    table.insert(M.GUARDED, 'cache')
+    table.insert(M.GUARDED, 'prewarm')
+end
 -- Besides these, every events partition (smartcache.event_partitions guards its own).
 
 M.enabled = false
 local guarded_ids = {}
 
--- No dirty reads of a guarded key. Tarantool 2.6.0 has no MVCC: a write that
+-- No dirty reads of a guarded key (compat.NO_MVCC_DIRTY_READS). Tarantool 2.6.0 has no MVCC: a write that
 -- waits for its quorum is in the space already, and may still be rolled back.
 -- A reader that saw it and then acted on it (a compare-and-set with the
 -- revision it read) could match a later write that reuses that revision: the
@@ -143,10 +148,11 @@ end
 -- limbo (see GUARDED). When none is, the write stays asynchronous: it does not
 -- enter the limbo, and needs no quorum (a partition created at the first
 -- election, while the followers are still joining: on 2.6.0 a joining replica
--- fails on a CONFIRM row in its final data, "Unknown request type 40"). Call it
--- right before the commit, without a yield in between.
+-- fails on a CONFIRM row in its final data, "Unknown request type 40":
+-- compat.JOIN_FAILS_ON_SYNCHRO_ROWS). Call it right before the commit, without
+-- a yield in between.
 function M.join()
-    if M.enabled and M.inflight > 0 and box.space[M.SPACE] ~= nil then
+    if M.enabled and compat.ASYNC_BEHIND_SYNC_ROLLS_BACK and M.inflight > 0 and box.space[M.SPACE] ~= nil then
         synchronous(nil, nil)
     end
 end
@@ -172,7 +178,7 @@ function M.guard(s)
     end
     guarded_ids[s.id] = s
     -- A Lua trigger: util.insert / util.replace write this space through space:insert.
-    util.lua_triggered[s.id] = s
+    util.register_lua_trigger(s)  -- compat.FFI_NO_LUA_REENTRY
 end
 
 -- Guard every listed space that exists, and more (events partitions) by name pattern.
@@ -291,8 +297,23 @@ function M.strip_on_recovery()
     end
 end
 
+-- is_sync off space id: by space:alter(), or where there is none (Tarantool
+-- 2.6.0: compat.NO_SPACE_ALTER) by an update of its _space row.
+local function sync_off(id)
+    if not compat.NO_SPACE_ALTER then
+        box.space[id]:alter({is_sync = false})
+        return box.space[id].name
+    end
+    local flags = {}
+    for k, v in pairs(box.space._space:get(id)[6]) do
+        flags[k] = v
+    end
+    flags.is_sync = nil
+    return box.space._space:update(id, {{'=', 6, setmetatable(flags, {__serialize = 'map'})}})[3]
+end
+
 -- On the writable instance: data spaces of an earlier version lose is_sync in
--- _space for good (Tarantool 2.6.0 has no space:alter()).
+-- _space for good.
 function M.clear_sync_flags()
     local ids = {}
     for _, t in box.space._space:pairs({512}, {iterator = 'GE'}) do
@@ -301,13 +322,7 @@ function M.clear_sync_flags()
         end
     end
     for _, id in ipairs(ids) do
-        local flags = {}
-        for k, v in pairs(box.space._space:get(id)[6]) do
-            flags[k] = v
-        end
-        flags.is_sync = nil
-        local t = box.space._space:update(id, {{'=', 6, setmetatable(flags, {__serialize = 'map'})}})
-        log.info('space %s: is_sync off (sc_quorum makes its writes synchronous)', t[3])
+        log.info('space %s: is_sync off (sc_quorum makes its writes synchronous)', sync_off(id))
     end
     return #ids
 end

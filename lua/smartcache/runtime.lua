@@ -1,12 +1,20 @@
 -- Run-time pieces every instance needs once the schema exists: triggers and
 -- fibers; and the instance's health, as /health and /metrics report it.
-local ffi = require('ffi')
 local fiber = require('fiber')
 local log = require('log')
+local config = require('smartcache.config')
 local prewarm = require('smartcache.prewarm')
 local expiry = require('smartcache.expiry')
 local stats = require('smartcache.stats')
 local schema = require('smartcache.schema')
+local buckets = require('smartcache.buckets')
+local semaphores = require('smartcache.semaphores')
+local latches = require('smartcache.latches')
+local queues = require('smartcache.queues')
+local events = require('smartcache.events')
+local memory = require('smartcache.memory')
+local disk = require('smartcache.disk')
+local failover = require('smartcache.failover')
 
 local M = {}
 
@@ -14,44 +22,11 @@ local M = {}
 M.WAL_ERROR_WINDOW_S = 30
 -- Unhealthy above this share of memtx_memory in use.
 M.MEMTX_LIMIT_RATIO = 0.9
-
--- Below this much free space on the WAL's filesystem the instance is unhealthy,
--- and a leader steps down before writes start failing (smartcache.failover):
--- SC_WAL_MIN_FREE_MB when set, else 64 MiB or a tenth of the filesystem,
--- whichever is smaller (a small test disk is not unhealthy when empty).
-local MIN_FREE_DEFAULT_BYTES = 64 * 1024 * 1024
-local MIN_FREE_SHARE = 0.1
-M.min_free_setting = require('smartcache.util').env_number('SC_WAL_MIN_FREE_MB', nil)
-
-pcall(ffi.cdef, [[
-struct sc_statvfs {
-    unsigned long f_bsize, f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree, f_favail,
-                  f_fsid, f_flag, f_namemax;
-    int spare[6];
-};
-int statvfs(const char *path, struct sc_statvfs *buf);
-]])
-
--- Bytes an unprivileged writer may still use on the filesystem of path, and the
--- free space below which it counts as almost full; nil if unknown.
-function M.disk_free(path)
-    local buf = ffi.new('struct sc_statvfs')
-    if ffi.C.statvfs(path, buf) ~= 0 then
-        return nil
-    end
-    local size = tonumber(buf.f_blocks) * tonumber(buf.f_frsize)
-    local min_free = M.min_free_setting and M.min_free_setting * 1024 * 1024
-        or math.min(MIN_FREE_DEFAULT_BYTES, size * MIN_FREE_SHARE)
-    return tonumber(buf.f_bavail) * tonumber(buf.f_frsize), min_free
-end
+-- How often a replica that has not received the schema yet looks for it.
+local SCHEMA_WAIT_S = 0.1
 
 -- WAL failures seen by procedures (stats.wal_errors), with the time of the last one.
 M.wal = {errors = 0, last_error_at = nil}
-
-local function install_triggers()
-    box.space.prewarm:on_replace(prewarm.on_replace, prewarm.on_replace_installed)
-    prewarm.on_replace_installed = prewarm.on_replace
-end
 
 local function watch_wal()
     fiber.name('wal_watch')
@@ -60,36 +35,56 @@ local function watch_wal()
             M.wal.errors = stats.wal_errors
             M.wal.last_error_at = fiber.time()
         end
-        fiber.sleep(0.5)
+        fiber.sleep(config.WAL_WATCH_INTERVAL_S)
     end
 end
 
--- Install the prewarm trigger (now, or once replication brings the space) and start expiry.
+-- install() now if the space exists, else once replication brings it (a replica
+-- that started before the schema reached it).
+local function when_space(space_name, what, install)
+    if box.space[space_name] ~= nil then
+        install()
+        return
+    end
+    fiber.create(function()
+        fiber.name('wait_schema_' .. space_name)
+        while box.space[space_name] == nil do
+            fiber.sleep(SCHEMA_WAIT_S)
+        end
+        install()
+        log.info('%s installed after the schema arrived', what)
+    end)
+end
+
+-- The triggers of the prewarm and coordination spaces, and every run-time fiber.
 function M.start()
-    if box.space.prewarm ~= nil then
-        install_triggers()
-    else
+    when_space('prewarm', 'prewarm trigger', prewarm.install_trigger)
+    expiry.start()
+    when_space('queue_tasks', 'coordination triggers', function()
+        semaphores.install()
+        latches.install()
+        queues.install()
+    end)
+    if not buckets.install() then  -- a replica whose schema is older: once version 7 reaches it
         fiber.create(function()
-            fiber.name('wait_schema')
-            while box.space.prewarm == nil do
-                fiber.sleep(0.1)
+            fiber.name('wait_schema_buckets')
+            while not buckets.install() do
+                fiber.sleep(SCHEMA_WAIT_S)
             end
-            install_triggers()
-            log.info('prewarm trigger installed after schema arrived')
+            log.info('bucket triggers installed after the schema arrived')
         end)
     end
-    expiry.start()
-    require('smartcache.coordination').start()  -- triggers of the coordination spaces, the queue fiber
-    require('smartcache.events').start()  -- event partitions (today's at once when writable), their fiber
+    queues.start()  -- the queue timeout fiber
+    events.start()  -- event partitions (today's at once when writable), their fiber
     if M.wal_fiber == nil then
         M.wal_fiber = fiber.create(watch_wal)
     end
-    require('smartcache.memory').start()  -- frees tuples only Lua still holds (deleted, replaced)
+    memory.start()  -- frees tuples only Lua still holds (deleted, replaced)
 end
 
 -- memtx use (smartcache.memory says which of these numbers predicts what).
 function M.memtx()
-    return require('smartcache.memory').info()
+    return memory.info()
 end
 
 -- The /health document: healthy unless something below says why not.
@@ -97,7 +92,7 @@ end
 M.UPSTREAM_GRACE_S = 5
 
 function M.health()
-    local failover = require('smartcache.failover').instance
+    local instance = failover.instance
     local problems = {}
     if box.info.status ~= 'running' then
         table.insert(problems, 'status ' .. box.info.status)
@@ -116,7 +111,6 @@ function M.health()
     end
     -- memtx full, as writers meet it: a write refused by the lossy spaces' budget or failed by the
     -- allocator lately (smartcache.memory). Clears itself once writes fit again (entries expire).
-    local memory = require('smartcache.memory')
     if memtx.last_error_age_s ~= nil and memtx.last_error_age_s < memory.ERROR_WINDOW_S then
         table.insert(problems, string.format('memtx full: a write was refused for memory %.0f s ago (cache and '
             .. 'prewarm hold %.0f%% of their SC_CACHE_MEMORY_SHARE; %d refused, %d allocation failures)',
@@ -126,7 +120,7 @@ function M.health()
     -- a duplicate key), or cannot allocate a row (retried every second, it never gets past that row to
     -- the deletes that would free memory), never catches up by itself. (In HA the failover module
     -- watches its one upstream, reconnects it and reports it: upstream_problem below.)
-    if failover == nil then
+    if instance == nil then
         for _, r in ipairs(stats.replication()) do
             local message = r.upstream_message ~= nil and tostring(r.upstream_message) or ''
             if r.upstream_status == 'stopped' or message:find('Failed to allocate', 1, true) then
@@ -137,7 +131,7 @@ function M.health()
     end
     local free, min_free
     if type(box.cfg) == 'table' then
-        free, min_free = M.disk_free(box.cfg.wal_dir)
+        free, min_free = disk.free(box.cfg.wal_dir)
     end
     if free ~= nil and free < min_free then
         table.insert(problems, string.format('WAL disk almost full: %d MiB free', math.floor(free / 1048576)))
@@ -146,10 +140,10 @@ function M.health()
                  instance_uuid = box.info.uuid, schema_version = schema.current_version(),
                  replication = stats.replication(), memtx = memtx,
                  wal = {errors = M.wal.errors, last_error_age_s = wal_age, disk_free_bytes = free}}
-    if failover == nil then
+    if instance == nil then
         doc.role = box.info.ro and 'replica' or 'master'
     else
-        local st = failover:status()
+        local st = instance:status()
         st.counters = nil
         doc.role = st.role
         doc.failover = st

@@ -4,16 +4,27 @@
 -- (M.F.<space>.<field>) are derived from it. Run `upgrade()` on the writable
 -- instance only: the others receive the schema through replication.
 local log = require('log')
+local quorum = require('smartcache.quorum')
 
 local M = {}
 
 -- Bump when a migration is added; stored in space sc_meta under 'schema_version'.
-M.VERSION = 4
+M.VERSION = 7
 
 M.FORMAT = {
     sc_meta = {
         {name = 'key', type = 'string'},
         {name = 'value', type = 'any'},
+    },
+    -- Version 6: the buckets this shard holds, in a sharded cluster (smartcache.buckets;
+    -- empty: not sharded, every key is here). status: active | sending | sent |
+    -- receiving | garbage (the moves of docs/design/sharding.md); generation is raised
+    -- when a move starts; peer: the other shard of a move (where a sent bucket went).
+    sc_buckets = {
+        {name = 'id', type = 'unsigned'},
+        {name = 'status', type = 'string'},
+        {name = 'generation', type = 'unsigned'},
+        {name = 'peer', type = 'string', is_nullable = true},
     },
     sessions = {
         {name = 'id', type = 'string'},            -- canonical UUID text
@@ -24,6 +35,11 @@ M.FORMAT = {
         {name = 'ttl_ms', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},  -- updated_at + ttl_ms: sliding deadline
         {name = 'data', type = 'any', is_nullable = true},
+        -- Version 5: when it was created (ms since epoch; kept by a rotation), and the device the
+        -- front server named at create ("where you are logged in"). Absent in older tuples.
+        {name = 'created_at', type = 'unsigned', is_nullable = true},
+        {name = 'device', type = 'string', is_nullable = true},
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     cache = {
         {name = 'session_id', type = 'string'},    -- '' = global namespace
@@ -33,11 +49,13 @@ M.FORMAT = {
         {name = 'ttl_ms', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},
         {name = 'data', type = 'any', is_nullable = true},
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     device = {
         {name = 'device_id', type = 'string'},
         {name = 'client_id', type = 'string'},
         {name = 'updated_at', type = 'unsigned'},
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     prewarm = {
         {name = 'client_id', type = 'string'},
@@ -50,6 +68,7 @@ M.FORMAT = {
         {name = 'lease_until', type = 'unsigned'}, -- ms; an expired lease counts as free
         {name = 'expires_at', type = 'unsigned'},  -- record retention deadline
         {name = 'data', type = 'any', is_nullable = true},
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     -- A write done under an idempotency key, with its result (smartcache.idempotency).
     idempotency = {
@@ -66,6 +85,7 @@ M.FORMAT = {
         {name = 'rev', type = 'unsigned'},         -- 1 at create, +1 per change
         {name = 'updated_at', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},  -- creation + ttl (a fixed window), or NEVER
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     registers = {
         {name = 'name', type = 'string'},
@@ -73,11 +93,13 @@ M.FORMAT = {
         {name = 'updated_at', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},  -- last write + its ttl, or NEVER
         {name = 'value', type = 'any'},
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     sequences = {
         {name = 'name', type = 'string'},
         {name = 'next', type = 'unsigned'},        -- first id not handed out yet
         {name = 'updated_at', type = 'unsigned'},
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     semaphore_holders = {
         {name = 'name', type = 'string'},          -- the semaphore (or lock)
@@ -86,6 +108,7 @@ M.FORMAT = {
         {name = 'permits', type = 'unsigned'},     -- the semaphore's size, as this holder gave it
         {name = 'acquired_at', type = 'unsigned'},
         {name = 'lease_until', type = 'unsigned'}, -- the permit is free from then on
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     latches = {
         {name = 'name', type = 'string'},
@@ -93,6 +116,7 @@ M.FORMAT = {
         {name = 'initial', type = 'unsigned'},
         {name = 'created_at', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
     queue_tasks = {
         {name = 'id', type = 'unsigned'},          -- sequence sc_task_id, across queues
@@ -106,8 +130,17 @@ M.FORMAT = {
         {name = 'ttr_ms', type = 'unsigned'},      -- time-to-run of the last take
         {name = 'taken_key', type = 'string'},     -- idempotency key of the current take, or ''
         {name = 'payload', type = 'any', is_nullable = true},
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
     },
 }
+
+-- The spaces whose rows live in a bucket (a sharded cluster's; smartcache.buckets
+-- says by which key). Each row records its bucket (the last field, version 7),
+-- indexed, for the moves of buckets between shards. The others are the shard's
+-- own: sc_meta, sc_buckets, idempotency (its keys live in the shard of their
+-- write), the event log (one per shard) and sc_quorum.
+M.SHARDED = {'sessions', 'cache', 'device', 'prewarm', 'counters', 'registers', 'sequences',
+             'semaphore_holders', 'latches', 'queue_tasks'}
 
 -- Tuple positions by field name, from the formats above.
 M.F = {}
@@ -181,7 +214,28 @@ end
 -- Version 4: sc_quorum, the always-empty synchronous space that makes the
 -- writes of the data spaces synchronous (smartcache.quorum).
 migrations[4] = function()
-    require('smartcache.quorum').create_space()
+    quorum.create_space()
+end
+
+-- Version 5: sessions keep their creation time and device (nullable: tuples of
+-- version 4 have neither, and read as created at their last refresh, no device).
+migrations[5] = function()
+    box.space.sessions:format(M.FORMAT.sessions)
+end
+
+-- Version 6: the bucket table of a sharded cluster (empty until the cluster is sharded).
+migrations[6] = function()
+    space('sc_buckets'):create_index('primary', {parts = {'id'}, if_not_exists = true})
+end
+
+-- Version 7: every row of a sharded space records its bucket (nullable: rows of
+-- a cluster that is not sharded have none), with an index (smartcache.buckets).
+migrations[7] = function()
+    for _, name in ipairs(M.SHARDED) do
+        box.space[name]:format(M.FORMAT[name])
+        box.space[name]:create_index('by_bucket', {parts = {{'bucket', 'unsigned', is_nullable = true}},
+                                                   unique = false, if_not_exists = true})
+    end
 end
 
 function M.current_version()

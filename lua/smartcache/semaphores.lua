@@ -123,7 +123,7 @@ end
 -- A permit handed over by a release (committed), or nil. Waits for a hand-over being committed.
 local function handed(w)
     while w.handing do
-        M.waiters:wait(w, coord.WRITABLE_CHECK_S)
+        M.waiters:wait(w, config.WRITABLE_CHECK_S)
     end
     if w.grant ~= nil then
         return util.result('OK', w.grant)
@@ -138,7 +138,7 @@ local function wait_turn(w, name, permits, holder, lease_ms, stop)
         if left <= 0 then
             return handed(w) or timeout(name)
         end
-        local nap = math.min(left, coord.WRITABLE_CHECK_S)
+        local nap = math.min(left, config.WRITABLE_CHECK_S)
         if waiters:is_head(w) then
             -- A lease that runs out frees a permit without any write: be up by then.
             local now = util.now_ms()
@@ -194,6 +194,12 @@ function M.acquire(deadline_ms, key, name, permits, holder, lease_ms, wait_ms)
     return res
 end
 
+-- A holder whose lease had passed: counted, and NOT_FOUND.
+local function lease_passed()
+    M.expired = M.expired + 1
+    return util.result('NOT_FOUND', {message = 'the lease had passed'})
+end
+
 -- OK {token, lease_ms} · NOT_FOUND (not held, or the lease had passed).
 function M.renew(name, holder, lease_ms)
     local err = check(name, holder, lease_ms)
@@ -207,9 +213,8 @@ function M.renew(name, holder, lease_ms)
             return util.result('NOT_FOUND')
         end
         if t[F.lease_until] <= now then
-            M.expired = M.expired + 1
             space():delete({name, holder})
-            return util.result('NOT_FOUND', {message = 'the lease had passed'})
+            return lease_passed()
         end
         space():update({name, holder}, {{'=', F.lease_until, now + lease_ms}})
         return util.result('OK', {token = t[F.token], lease_ms = lease_ms})
@@ -231,8 +236,7 @@ function M.release(name, holder)
         space():delete({name, holder})
         hand_over(name, now)
         if t[F.lease_until] <= now then
-            M.expired = M.expired + 1
-            return util.result('NOT_FOUND', {message = 'the lease had passed'})
+            return lease_passed()
         end
         return util.result('OK')
     end)

@@ -2,12 +2,23 @@
 local schema = require('smartcache.schema')
 local expiry = require('smartcache.expiry')
 local util = require('smartcache.util')
+local quorum = require('smartcache.quorum')
+local compat = require('smartcache.compat')
+local semaphores = require('smartcache.semaphores')
+local latches = require('smartcache.latches')
+local queues = require('smartcache.queues')
+local sessions = require('smartcache.sessions')
 
 local M = {}
 
 M.SPACES = {'sessions', 'cache', 'device', 'prewarm', 'counters', 'registers', 'sequences', 'semaphore_holders',
             'latches', 'queue_tasks'}
+-- Procedure calls failed by a WAL write (count_wal_error: smartcache.api).
 M.wal_errors = 0
+
+function M.count_wal_error()
+    M.wal_errors = M.wal_errors + 1
+end
 
 function M.replication()
     local out = {}
@@ -23,6 +34,20 @@ function M.replication()
         end
     end
     return out
+end
+
+-- The coordination primitives (smartcache.coordination): waiters right now on
+-- this instance, and what ran out.
+local function coordination()
+    return {
+        semaphore_waiters = semaphores.waiters:total(),
+        latch_waiters = latches.waiters:total(),
+        queue_waiters = queues.waiters:total(),
+        leases_expired = semaphores.expired,
+        tasks_ttr_returned = queues.counters.ttr_returned,
+        tasks_expired = queues.counters.expired,
+        tasks_delay_ended = queues.counters.delay_ended,
+    }
 end
 
 function M.stats()
@@ -42,8 +67,11 @@ function M.stats()
         instance_uuid = box.info.uuid,
         replication = M.replication(),
         now_ms = util.now_ms(),
-        coordination = require('smartcache.coordination').stats(),
-        synchronous = require('smartcache.quorum').stats(),
+        coordination = coordination(),
+        -- deadlines moved by reads and touches (a write each; smartcache.sessions refresh_after_ms)
+        session_refreshes = sessions.refreshes,
+        synchronous = quorum.stats(),
+        workarounds = compat.active(),  -- the Tarantool version workarounds on (smartcache.compat)
     })
 end
 

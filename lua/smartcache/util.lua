@@ -48,17 +48,35 @@ end
 
 -- An optional argument: msgpack nil arrives as box.NULL, which is truthy in
 -- Lua, so `x or default` is wrong for it; use opt(x, default).
+-- The largest integer every Lua number holds exactly (PROTOCOL.md 10: integers within +-(2^53 - 1)).
+M.MAX_SAFE = 2 ^ 53 - 1
+local INT64, UINT64 = ffi.typeof('int64_t'), ffi.typeof('uint64_t')
+
+-- msgpack decodes an integer of 10^14 or more into 64-bit cdata (exact); within
+-- +-(2^53 - 1) a Lua number is exact too, so it becomes one: the procedures then
+-- check and compute with plain numbers. Larger ones stay cdata (and fail the checks).
+function M.plain(value)
+    if type(value) == 'cdata' and (ffi.istype(INT64, value) or ffi.istype(UINT64, value)) then
+        local n = tonumber(value)
+        if n <= M.MAX_SAFE and n >= -M.MAX_SAFE then
+            return n
+        end
+    end
+    return value
+end
+
 function M.opt(value, default)
     if value == nil then  -- true for both nil and box.NULL
         return default
     end
-    return value
+    return M.plain(value)
 end
 
 -- A random (version 4) UUID as canonical text. The random bytes come from
 -- /dev/urandom, read 4 KiB at a time: Tarantool 2.6's uuid.str() reads
 -- /dev/urandom for every UUID and formats it with snprintf (measured: 0.52 us
--- against 0.12, and a read syscall per session created).
+-- against 0.12, and a read syscall per session created;
+-- compat.UUID_STR_READS_URANDOM).
 local POOL_BYTES = 4096
 local pool = ffi.new('uint8_t[?]', POOL_BYTES)
 local pool_used = POOL_BYTES
@@ -96,7 +114,8 @@ end
 -- transaction (an autocommit write yields for the WAL inside it) and on a space
 -- with no Lua trigger (a trigger would re-enter the Lua VM from a C function
 -- that JIT-compiled code called through FFI, which LuaJIT does not allow:
--- tarantool#4427). Everywhere else it is space:insert / space:replace.
+-- tarantool#4427, compat.FFI_NO_LUA_REENTRY). Everywhere else it is
+-- space:insert / space:replace.
 pcall(ffi.cdef, [[
 int box_insert(uint32_t space_id, const char *tuple, const char *tuple_end, box_tuple_t **result);
 int box_replace(uint32_t space_id, const char *tuple, const char *tuple_end, box_tuple_t **result);
@@ -106,9 +125,19 @@ local box_insert, box_replace = ffi.C.box_insert, ffi.C.box_replace
 local write_buf = buffer.ibuf()
 
 -- Spaces with Lua triggers, by id (the space object): whoever attaches a Lua
--- trigger to a space written through M.insert / M.replace registers it here
--- (smartcache.quorum's guard).
-M.lua_triggered = {}
+-- trigger to a space written through M.insert / M.replace registers it with
+-- M.register_lua_trigger (smartcache.quorum's guard).
+local lua_triggered = {}
+
+-- Space s has a Lua trigger now (on = true, or nil) or no longer (on = false):
+-- M.insert / M.replace write it through space:insert / space:replace.
+function M.register_lua_trigger(s, on)
+    lua_triggered[s.id] = on ~= false and s or nil
+end
+
+function M.has_lua_trigger(s)
+    return lua_triggered[s.id] == s
+end
 
 local function write(fn, space, tuple)
     write_buf:reset()
@@ -122,7 +151,7 @@ end
 -- M.insert / M.replace: c_fn where no Lua can run inside it, else the space's own method.
 local function writer(c_fn, method)
     return function(space, tuple)
-        if M.lua_triggered[space.id] ~= space and box.is_in_txn() then
+        if lua_triggered[space.id] ~= space and box.is_in_txn() then
             write(c_fn, space, tuple)
         else
             space[method](space, tuple)
@@ -172,31 +201,52 @@ function M.env_string(name, default)
     return v
 end
 
+-- The tuple of key in space unless its deadline (field deadline_field, ms) has
+-- passed: what procedures see, swept or not (expired counts as absent).
+function M.live(space, key, deadline_field, now)
+    local t = space:get(key)
+    if t == nil or t[deadline_field] <= now then
+        return nil
+    end
+    return t
+end
+
 function M.is_writable()
     return box.info.ro == false
 end
 
--- May this instance write now? Call it as util.writable() every time: the
--- failover module replaces it in HA mode with one compare against the lease
--- deadline.
+-- May this instance write now? Call it as util.writable() every time: in HA
+-- mode smartcache.failover installs its lease check (one compare against the
+-- lease deadline) with M.set_writable.
 M.writable = M.is_writable
+
+-- Install fn as M.writable (nil: back to M.is_writable); returns the one it replaces.
+function M.set_writable(fn)
+    local was = M.writable
+    M.writable = fn or M.is_writable
+    return was
+end
 
 -- Transactions opened by M.atomic report their end to smartcache.events from
 -- the fiber that committed them, with no commit or rollback trigger: running a
 -- Lua trigger costs Tarantool 2.6 a coroutine per transaction (measured: 0.6 us
 -- and 500 bytes of garbage each, a sixth of a session write's CPU with the Lua
--- GC's share). A memtx transaction never yields before its commit, so one
+-- GC's share; compat.LUA_TRIGGER_COSTS_A_COROUTINE). A memtx transaction never yields before its commit, so one
 -- transaction at a time is being built: M.building is true from M.atomic's
 -- begin until its commit.
 M.building = false
--- Set by smartcache.events: take() returns what the transaction being built
--- wrote (nil when nothing; called before the commit yields), settle(first,
--- last, committed) runs once that transaction has ended.
-M.txn_end = nil
+-- Registered by smartcache.events (M.on_txn_end): take() returns what the
+-- transaction being built wrote (nil when nothing; called before the commit
+-- yields), settle(first, last, committed) runs once that transaction has ended.
+local txn_end = nil
+
+function M.on_txn_end(hook)
+    txn_end = hook
+end
 
 local function finish(ok, ...)
     M.building = false
-    local hook = M.txn_end
+    local hook = txn_end
     local first, last
     if hook ~= nil then
         first, last = hook.take()

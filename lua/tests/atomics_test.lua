@@ -2,6 +2,7 @@
 -- Counters, registers and sequences (smartcache.atomics).
 local tap = require('tap')
 local fiber = require('fiber')
+local msgpack = require('msgpack')
 local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'helper.lua')
 helper.start()
 local util = require('smartcache.util')
@@ -9,7 +10,7 @@ local expiry = require('smartcache.expiry')
 local FC = require('smartcache.schema').F.counters
 
 local test = tap.test('atomics')
-test:plan(14)
+test:plan(15)
 
 test:test('counter: add creates at 0, returns the new value and revision', function(t)
     t:plan(5)
@@ -69,6 +70,22 @@ test:test('counter: values stay within +-(2^53 - 1)', function(t)
     t:is(sc.counter_cas(nil, 'c-big', 0, max).value, max, 'the largest value')
     t:is(sc.counter_add(nil, 'c-big', 1).status, 'CONFLICT', 'beyond it: refused')
     t:is(sc.counter_add(nil, 'c-big', 2 ^ 53).status, 'BAD_REQUEST', 'a delta beyond it: bad request')
+end)
+
+test:test('integers of 10^14 and more, as msgpack delivers them (64-bit cdata), are taken up to 2^53 - 1', function(t)
+    t:plan(6)
+    local function wire(v)  -- what a procedure gets from the service: the value through msgpack
+        return msgpack.decode(msgpack.encode(v))
+    end
+    local max = 2 ^ 53 - 1
+    t:is(type(wire(1e14)), 'cdata', '10^14 arrives as cdata')
+    local r = sc.counter_cas(nil, 'c-wire', wire(0), wire(1e15))
+    t:is_deeply({r.status, r.value}, {'OK', 1e15}, 'COUNTER_CAS value 10^15')
+    t:is(sc.counter_add(nil, 'c-wire', wire(max - 1e15)).value, max, 'COUNTER_ADD delta up to the largest value')
+    t:is(sc.counter_add(nil, 'c-wire', wire(-2 ^ 53)).status, 'BAD_REQUEST', 'a delta past -(2^53 - 1): refused')
+    r = sc.sequence_reserve(nil, 's-wire', wire(2), wire(1e14))
+    t:is_deeply({r.status, r.first, r.last}, {'OK', 1e14, 1e14 + 1}, 'SEQUENCE_RESERVE start 10^14')
+    t:is(sc.counter_cas(nil, 'c-wire', wire(max), wire(2 ^ 53)).status, 'BAD_REQUEST', 'a value of 2^53: refused')
 end)
 
 test:test('counter: concurrent adds from many fibers lose nothing', function(t)
@@ -165,10 +182,18 @@ test:test('sequence: concurrent reservations never overlap', function(t)
 end)
 
 test:test('sequence: a range past 2^53 - 1 is refused', function(t)
-    t:plan(2)
+    t:plan(6)
     local r = sc.sequence_reserve(nil, 's-end', 10, 2 ^ 53 - 5)
     t:is(r.status, 'CONFLICT', 'refused')
     t:is(sc.sequence_get(nil, 's-end').status, 'NOT_FOUND', 'nothing written')
+    r = sc.sequence_reserve(nil, 's-last', 1, 2 ^ 53 - 2)
+    t:is_deeply({r.first, r.last}, {2 ^ 53 - 2, 2 ^ 53 - 2}, 'one id below the last')
+    -- first + count - 1 = 2^53 - 1 + 2 - 1 rounds to 2^53 - 1 in a double: the check must not add first
+    r = sc.sequence_reserve(nil, 's-last', 2)
+    t:is_deeply({r.status, r.next}, {'CONFLICT', 2 ^ 53 - 1}, 'two ids from the last: refused, not [last, last]')
+    r = sc.sequence_reserve(nil, 's-last', 1)
+    t:is_deeply({r.status, r.first, r.last}, {'OK', 2 ^ 53 - 1, 2 ^ 53 - 1}, 'the last id itself')
+    t:is(sc.sequence_reserve(nil, 's-last', 1).status, 'CONFLICT', 'then none')
 end)
 
 test:test('sequence: a repeat under an idempotency key returns the same range', function(t)
@@ -182,13 +207,12 @@ end)
 
 test:test('writes answer NOT_LEADER when this instance may not write', function(t)
     t:plan(4)
-    local writable = util.writable
-    util.writable = function() return false end
+    local writable = util.set_writable(function() return false end)
     t:is(sc.counter_add(nil, 'c-ro', 1).status, 'NOT_LEADER', 'counter_add')
     t:is(sc.register_cas(nil, 'r-ro', 1).status, 'NOT_LEADER', 'register_cas')
     t:is(sc.sequence_reserve(nil, 's-ro', 1).status, 'NOT_LEADER', 'sequence_reserve')
     t:is(sc.counter_get(nil, 'c-ro').status, 'NOT_FOUND', 'reads still answer')
-    util.writable = writable
+    util.set_writable(writable)
 end)
 
 helper.finish(test)

@@ -31,13 +31,13 @@ end)
 
 test:test('an expired entry is absent before the sweeper runs', function(t)
     t:plan(3)
-    expiry.paused = true
+    expiry.set_paused(true)
     sc.cache_put(nil, '', 'short', 0, 60, 'v')
     box.space.cache:update({'', 'short'}, {{'=', F.expires_at, 1}})
     t:ok(box.space.cache:get({'', 'short'}) ~= nil, 'still stored')
     t:is(sc.cache_get(nil, '', 'short').status, 'NOT_FOUND', 'get says NOT_FOUND')
     t:is(sc.cache_delete(nil, '', 'short').status, 'NOT_FOUND', 'delete says NOT_FOUND')
-    expiry.paused = false
+    expiry.set_paused(false)
 end)
 
 test:test('delete, and a deleted session takes its entries along', function(t)

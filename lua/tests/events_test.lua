@@ -12,7 +12,7 @@ local partitions = require('smartcache.event_partitions')
 local expiry = require('smartcache.expiry')
 
 local test = tap.test('events')
-test:plan(16)
+test:plan(18)
 
 local DAY_MS = partitions.DAY_MS
 local real_clock = partitions.clock
@@ -237,16 +237,42 @@ test:test('publish checks its arguments and applies once per idempotency key', f
     t:is(head(), first.seq, 'and writes nothing')
 end)
 
+test:test('a topic is 5..128 bytes in all, app. counted, of ASCII letters, digits and . _ : / -', function(t)
+    t:plan(7)
+    local longest = 'app.' .. string.rep('a', 124)
+    t:is(sc.event_publish(nil, longest, nil, nil).status, 'OK', '128 bytes, app. included')
+    local r = sc.event_publish(nil, longest .. 'a', nil, nil)
+    t:is(r.status, 'BAD_REQUEST', '129 bytes')
+    t:like(r.message, 'topic must be app.<name>, 5..128 bytes in all', 'the message names the field and the range')
+    t:is(sc.event_publish(nil, 'app.a', nil, nil).status, 'OK', '5 bytes: the shortest')
+    t:is(sc.event_publish(nil, 'app.Az09._:/-', nil, nil).status, 'OK', 'every kind of character allowed')
+    t:is(sc.event_publish(nil, 'app.caf\xc3\xa9', nil, nil).status, 'BAD_REQUEST', 'a letter outside ASCII')
+    t:is(sc.event_publish(nil, 'app.tab\t', nil, nil).status, 'BAD_REQUEST', 'a control character')
+end)
+
+test:test('a cursor beyond the head is read from the head: last_seq never passes head_seq', function(t)
+    t:plan(4)
+    local h = head()
+    local r = sc.events_read(nil, h + 100, nil, 10, 0)
+    t:is_deeply({r.status, #r.events, r.last_seq, r.head_seq}, {'OK', 0, h, h}, 'last_seq is the head, not the cursor')
+    local ch = read_async(h + 100, nil, 3000)
+    sc.event_publish(nil, 'app.beyond', 'next', nil)
+    r = ch:get(5)[1]
+    t:is_deeply(summary(r.events), {'app.beyond next'}, 'a waiting read from beyond the head gets the next event')
+    t:is(r.last_seq, h + 1, 'and its sequence as last_seq')
+    t:is(sc.events_read(nil, 2 ^ 53, nil, 10, 0).message, 'after_seq must be an integer in 0..9007199254740991',
+         'after 2^53 - 1: BAD_REQUEST naming the range')
+end)
+
 test:test('bad read arguments are BAD_REQUEST; a follower answers NOT_LEADER', function(t)
     t:plan(5)
     t:is(sc.events_read(nil, -1, nil, 10, 0).status, 'BAD_REQUEST', 'after_seq >= 0')
     t:is(sc.events_read(nil, 0, {1}, 10, 0).status, 'BAD_REQUEST', 'topics are strings')
     t:is(sc.events_read(nil, 0, nil, 1001, 0).status, 'BAD_REQUEST', 'limit <= 1000')
     t:is(sc.events_read(nil, 0, nil, 10, 60001).status, 'BAD_REQUEST', 'wait_ms <= SC_MAX_WAIT_S')
-    local original = util.writable
-    util.writable = function() return false end
+    local original = util.set_writable(function() return false end)
     local r = sc.events_read(nil, 0, nil, 10, 0)
-    util.writable = original
+    util.set_writable(original)
     t:is(r.status, 'NOT_LEADER', 'only the writable instance answers')
 end)
 

@@ -64,6 +64,35 @@ function Fake:revoke(id)
     end
 end
 
+local function copy(t)
+    if type(t) ~= 'table' then
+        return t
+    end
+    local c = {}
+    for k, v in pairs(t) do
+        c[k] = copy(v)
+    end
+    return c
+end
+
+-- What `etcdctl snapshot save` keeps: keys, leases, the revision.
+function Fake:snapshot()
+    return {kv = copy(self.kv), leases = copy(self.leases), revision = self.revision}
+end
+
+-- `etcdctl snapshot restore` and a start on it: etcd promotes every lease anew (a full TTL).
+function Fake:restore(snap)
+    self.kv, self.leases, self.revision = copy(snap.kv), copy(snap.leases), snap.revision
+    for _, l in pairs(self.leases) do
+        l.expires_at = T.now + l.ttl
+    end
+end
+
+-- Data dir deleted, etcd started again on the same port.
+function Fake:wipe()
+    self.kv, self.leases, self.revision = {}, {}, 1
+end
+
 function Fake:header()
     return {revision = tostring(self.revision), cluster_id = '1'}
 end
@@ -270,13 +299,21 @@ local quiet = {info = function() end, warn = function() end, error = function() 
 
 local TTL, MARGIN, POLL = 5, 1, 0.2
 
-local function new_node(fake, name, uuid, id, quorum)
+local function new_node(fake, name, uuid, id, quorum, extra)
     local b = new_box(uuid, id, name .. ':3301')
-    local inst = failover.new({
+    local opts = {
         etcd = etcd.new({endpoints = {'http://etcd:2379'}, http = fake, timeout = 1}),
         box = b, cluster = 'test', uri = b.uri, ttl = TTL, margin = MARGIN, poll = POLL, quorum = quorum or 2,
-        clock = now, sleep = sleep, log = quiet, data_dir = '/nonexistent',
-    })
+        clock = now, sleep = sleep, log = quiet, data_dir = '/nonexistent', store = failover.memory_store(),
+        request_rejoin = function(reason)
+            table.insert(b.calls, 'rejoin ' .. reason)
+            return '/nonexistent/sc_rejoin'
+        end,
+    }
+    for k, v in pairs(extra or {}) do
+        opts[k] = v
+    end
+    local inst = failover.new(opts)
     local n = {name = name, box = b, fo = inst}
     nodes[name] = n
     return n
@@ -285,6 +322,19 @@ end
 local function reset()
     nodes = {}
     T.on_sleep = nil
+end
+
+-- A fresh fake etcd and n nodes a, b, c... (uuids aaaa, bbbb, ...; ids 1, 2, ...), each with the
+-- synchronous quorum given (default 2); returns the fake and the nodes.
+local function cluster(n, quorum)
+    reset()
+    local fake = new_fake()
+    local out = {}
+    for i = 1, n do
+        local name = string.char(96 + i)
+        table.insert(out, new_node(fake, name, name:rep(4), i, quorum))
+    end
+    return fake, unpack(out)
 end
 
 -- One round of every node's steps, skipping frozen ones and those inside a step
@@ -351,7 +401,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(25)
+test:plan(57)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -385,9 +435,7 @@ end)
 
 test:test('a lone member takes the free key, promotes in order, and is writable', function(t)
     t:plan(8)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1, 1)
+    local fake, a = cluster(1, 1)
     t:is(a.fo.writable(), false, 'not writable before anything')
     round({a})
     t:is(a.fo.role, 'leader', 'leader after one round')
@@ -397,15 +445,13 @@ test:test('a lone member takes the free key, promotes in order, and is writable'
         'clear_synchro_queue before read-write, admin writes last')
     local kv = fake.kv[LEADER_KEY]
     t:is(json.decode(kv.value).uuid, 'aaaa', 'key holds our uuid')
-    t:is(a.fo.term, kv.mod_revision, 'term is the key revision')
+    t:ok(a.fo.term == 1 and json.decode(kv.value).term == 1, "the term is a counter in the key's value: 1 first")
     t:ok(math.abs(a.fo:lease_left() - (TTL - MARGIN)) < 1e-6, 'deadline = t_sent + TTL - margin')
 end)
 
 test:test('keepalive moves the deadline from the time it was sent', function(t)
     t:plan(3)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1, 1)
+    local fake, a = cluster(1, 1)
     round({a})
     advance(TTL / 3)
     fake.delay = 0.5  -- slow answer: the deadline counts from the send
@@ -422,9 +468,7 @@ end)
 
 test:test('etcd unreachable: the leader fences itself before etcd can expire its key', function(t)
     t:plan(7)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1, 1)
+    local fake, a = cluster(1, 1)
     round({a})
     local last_ok = a.fo.lease_sent
     fake.down = true
@@ -454,9 +498,7 @@ end)
 
 test:test('etcd slower than the request timeout: no proof, fence on time', function(t)
     t:plan(3)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1, 1)
+    local fake, a = cluster(1, 1)
     round({a})
     local deadline = a.fo.deadline
     fake.delay = 5  -- every request times out (1 s)
@@ -472,10 +514,7 @@ end)
 
 test:test('lease lost: fence at once, new lease, follow the new leader', function(t)
     t:plan(7)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
+    local fake, a, b = cluster(2)
     run_for({a, b}, 1)
     t:is(a.fo.role, 'leader', 'a leads')
     local old_lease = a.fo.lease_id
@@ -493,11 +532,7 @@ end)
 
 test:test('SIGSTOP for 2 x TTL: refuses writes on resume, before any step runs', function(t)
     t:plan(9)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local _, a, b, c = cluster(3)
     local all = {a, b, c}
     run_for(all, 1, t)
     t:is(a.fo.role, 'leader', 'a leads (smallest uuid, equal vclocks)')
@@ -516,11 +551,7 @@ end)
 
 test:test('election: the most up-to-date eligible member wins; ties go to the smallest uuid', function(t)
     t:plan(7)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local fake, a, b, c = cluster(3)
     a.box.vc = {[1] = 10}
     b.box.vc = {[1] = 12}
     c.box.vc = {[1] = 11}
@@ -534,20 +565,14 @@ test:test('election: the most up-to-date eligible member wins; ties go to the sm
     run_for({a, b, c}, TTL + 1, t)
     t:is(leader_of({a, c}), a, 'tie: smallest uuid')
     -- An ineligible member is not waited for and cannot win.
-    reset()
-    fake = new_fake()
-    a = new_node(fake, 'a', 'aaaa', 1)
-    b = new_node(fake, 'b', 'bbbb', 2)
-    c = new_node(fake, 'c', 'cccc', 3)
+    local _
+    _, a, b, c = cluster(3)
     b.fo.candidate_allowed = false
     b.box.vc = {[1] = 50}
     run_for({a, b, c}, 1)
     t:is(leader_of({a, b, c}), a, 'SC_CANDIDATE=false never leads, even when ahead')
     -- Without a majority of eligible members, nobody is elected.
-    reset()
-    fake = new_fake()
-    a = new_node(fake, 'a', 'aaaa', 1)
-    b = new_node(fake, 'b', 'bbbb', 2)
+    _, a, b = cluster(2)
     b.fo.candidate_allowed = false
     run_for({a, b}, 2)
     t:is(leader_of({a, b}), nil, 'one eligible member of a quorum of two does not elect itself')
@@ -555,11 +580,7 @@ end)
 
 test:test('election waits for members whose published vclock may be stale', function(t)
     t:plan(3)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local fake, a, b, c = cluster(3)
     run_for({a, b, c}, 1)
     t:is(a.fo.role, 'leader', 'a leads')
     -- c stops publishing, but its lease (and so its member record) stays alive.
@@ -578,11 +599,7 @@ end)
 
 test:test('a follower with rows the leader was not elected with is DIVERGED', function(t)
     t:plan(6)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local _, a, b, c = cluster(3)
     a.box.vc = {[1] = 20}
     b.box.vc = {[1] = 15}
     c.box.vc = {[1] = 15}
@@ -606,11 +623,7 @@ end)
 
 test:test('a leader whose WAL fails steps down and releases the key', function(t)
     t:plan(6)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local fake, a, b, c = cluster(3)
     run_for({a, b, c}, 1)
     t:is(a.fo.role, 'leader', 'a leads')
     a.box.wal_fail = true
@@ -626,11 +639,7 @@ end)
 
 test:test('switchover: stop, catch up, hand the key to the candidate, measure the pause', function(t)
     t:plan(9)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local _, a, b, c = cluster(3)
     local all = {a, b, c}
     run_for(all, 1)
     t:is(a.fo.role, 'leader', 'a leads')
@@ -660,10 +669,7 @@ end)
 
 test:test('switchover to a candidate that cannot catch up: TIMEOUT, the leader resumes', function(t)
     t:plan(3)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
+    local _, a, b = cluster(2)
     run_for({a, b}, 1)
     a.box.vc = {[1] = 30}
     b.box.vc = {[1] = 1}
@@ -673,13 +679,32 @@ test:test('switchover to a candidate that cannot catch up: TIMEOUT, the leader r
     t:ok(a.fo.writable(), 'and writes again')
 end)
 
+test:test('a box turned read-only during a switchover: not a WAL failure; the leader leads on if it may', function(t)
+    t:plan(6)
+    local _, a, b = cluster(2)
+    run_for({a, b}, 1)
+    local lease_passed = false
+    a.box.quiesce = function()
+        a.box.ro = true  -- the guard, while the barrier is written
+        if lease_passed then
+            advance(TTL + 1)
+        end
+        return false, box.error.new(box.error.READONLY)
+    end
+    local r = a.fo:switchover('bbbb', 5)
+    t:is(r.status, 'ERROR', 'ERROR: ' .. tostring(r.message))
+    t:ok(a.fo.role == 'leader' and a.fo.writable(), 'the lease still proven: it leads and writes on')
+    t:is(a.fo.wal_broken, nil, 'the WAL is not marked broken')
+    lease_passed = true
+    r = a.fo:switchover('bbbb', 5)
+    t:is(r.status, 'NOT_LEADER', 'the lease passed meanwhile: NOT_LEADER: ' .. tostring(r.message))
+    t:ok(not a.fo.writable(), 'and it does not write')
+    t:ok(a.fo.wal_broken == nil and a.fo:eligible(), 'still eligible to lead again')
+end)
+
 test:test('promotion waits for a follower to replicate from the new leader before clearing the queue', function(t)
     t:plan(3)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local _, a, b, c = cluster(3)
     run_for({a, b, c}, 1)
     a.frozen = true
     local order = {}
@@ -709,9 +734,7 @@ end)
 
 test:test('a leader key left by our previous run is removed, not waited out', function(t)
     t:plan(2)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1, 1)
+    local fake, a = cluster(1, 1)
     round({a})
     -- "restart": a new instance with the same uuid and no lease
     nodes = {}
@@ -725,11 +748,7 @@ end)
 
 test:test("the leader's synchronous quorum counts every attached follower, never below the configured one", function(t)
     t:plan(3)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local _, a, b, c = cluster(3)
     run_for({a, b, c}, 1)
     a.fo:quorum_step()
     t:is(a.box.quorum, 3, 'two followers attached: 3 (2.6.0 stalls when more replicas ack than needed)')
@@ -743,11 +762,7 @@ end)
 
 test:test('a WAL disk that runs out of room makes any member ineligible until it has room again', function(t)
     t:plan(6)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local _, a, b, c = cluster(3)
     run_for({a, b, c}, 1)
     b.box.wal_fail = true  -- no WAL errors counted: found by the periodic check
     run_for({a, b, c}, TTL / 3 + POLL)
@@ -765,11 +780,7 @@ end)
 
 test:test('a row the candidate got after the hand-over moves the baseline: the old leader is not DIVERGED', function(t)
     t:plan(4)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local fake, a, b, c = cluster(3)
     run_for({a, b, c}, 1)
     a.box.vc = {[1] = 30}
     b.box.vc = {[1] = 30}
@@ -790,17 +801,14 @@ test:test('a row the candidate got after the hand-over moves the baseline: the o
     T.on_sleep = nil
     t:is(r.status, 'OK', 'switched over')
     t:is(json.decode(fake.kv[LEADER_KEY].value).vclock['1'], 31, 'the new leader rewrote the baseline')
-    t:ok(r.term == b.fo.term and r.term > old_term + 1, 'the term moved with it (hand-over, then rewrite)')
+    t:ok(r.term == b.fo.term and r.term == old_term + 1, 'the hand-over takes the next term; the rewrite keeps it')
     run_for({a, b, c}, 1)
     t:is(a.fo.role, 'follower', 'the old leader follows, not DIVERGED')
 end)
 
 test:test('join hold: writes stop, drain, and resume once the joiner is registered', function(t)
     t:plan(9)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
+    local _, a, b = cluster(2)
     run_for({a, b}, 1)
     t:is(a.fo.role, 'leader', 'a leads')
     t:is(b.fo:hold_for_join('dddd', 10).status, 'NOT_LEADER', 'only the leader holds')
@@ -819,10 +827,7 @@ end)
 
 test:test('join hold: released by its timeout when the joiner never registers', function(t)
     t:plan(3)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
+    local _, a, b = cluster(2)
     run_for({a, b}, 1)
     t:is(a.fo:hold_for_join('dddd', 2).status, 'OK', 'held')
     run_for({a, b}, 1)
@@ -835,10 +840,7 @@ end)
 
 test:test('a follower whose applier stopped reconnects it and reports it until it follows', function(t)
     t:plan(6)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
+    local _, a, b = cluster(2)
     run_for({a, b}, 1)
     t:is(b.fo.role, 'follower', 'b follows')
     b.box.upstream_ = {status = 'stopped', message = 'Failed to write to disk'}
@@ -855,11 +857,7 @@ end)
 
 test:test('a follower promoted while its upstream was broken does not report it as leader', function(t)
     t:plan(5)
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1)
-    local b = new_node(fake, 'b', 'bbbb', 2)
-    local c = new_node(fake, 'c', 'cccc', 3)
+    local _, a, b, c = cluster(3)
     run_for({a, b, c}, 1)
     t:is(b.fo.role, 'follower', 'b follows')
     b.box.upstream_ = {status = 'disconnected', message = 'timed out'}
@@ -873,9 +871,7 @@ end)
 
 -- A one-member set whose only instance leads (a cluster's first start).
 local function lone_leader()
-    reset()
-    local fake = new_fake()
-    local a = new_node(fake, 'a', 'aaaa', 1, 1)
+    local fake, a = cluster(1, 1)
     run_for({a}, 1)
     return a, fake
 end
@@ -939,6 +935,791 @@ test:test('the quorum goes up only once the limbo has drained, with writes held 
     t:is(seen.q, 2, 'raised to 2')
     t:ok(not seen.busy and not seen.writable, 'with the limbo empty and writes held')
     t:ok(a.fo.writable() and a.fo.role == 'leader', 'writable again after it')
+end)
+
+test:test('proven_deadline is the last proof of the lease: t_sent + TTL - margin', function(t)
+    t:plan(4)
+    local a = lone_leader()
+    t:ok(math.abs(a.fo:proven_deadline() - (a.fo.lease_sent + TTL - MARGIN)) < 1e-9, 'from the last send')
+    t:is(a.fo.deadline, a.fo:proven_deadline(), "a leader's deadline is it")
+    advance(TTL / 3)
+    local sent = T.now
+    a.fo:lease_step()
+    t:ok(math.abs(a.fo:proven_deadline() - (sent + TTL - MARGIN)) < 1e-9, 'a keepalive moves it')
+    t:is(a.fo.deadline, a.fo:proven_deadline(), 'and the deadline with it')
+end)
+
+test:test('hold_writes / resume_writes: writes again only for the same hold, while the lease is proven', function(t)
+    t:plan(12)
+    local a = lone_leader()
+    a.fo:hold_writes('testing')
+    t:ok(not a.fo.writable(), 'held: not writable')
+    t:is(a.fo.role, 'fenced', 'fenced')
+    t:is(a.fo:status().fence_reason, 'testing', 'the hold is the fence reason')
+    t:is(a.box.ro, false, 'the box stays writable')
+    t:is(a.fo:resume_writes('another hold'), false, 'another hold does not resume it')
+    t:is(a.fo:resume_writes('testing'), true, 'its own does')
+    t:ok(a.fo.writable() and a.fo.role == 'leader', 'writable, the leader again')
+    a.fo:hold_writes('testing')
+    advance(TTL)  -- past the proven deadline, no keepalive
+    t:is(a.fo:resume_writes('testing'), false, 'not once the lease is no longer proven')
+    t:ok(not a.fo.writable(), 'still not writable')
+    a = lone_leader()
+    a.fo:hold_writes('testing')
+    a.fo:step_down('something else')
+    t:is(a.fo:resume_writes('testing'), false, 'not after something else changed the role')
+    a = lone_leader()
+    a.box.ro = true
+    a.fo:hold_writes('quiesced')
+    t:is(a.fo:resume_writes('quiesced', {read_write = true}), true, 'read_write: resumed')
+    t:is(a.box.calls[#a.box.calls], 'read_write', 'and the box made writable again')
+end)
+
+test:test('each step returns the decision it took', function(t)
+    t:plan(11)
+    local fake, a = cluster(1, 1)
+    t:like(a.fo:lease_step(), '^granted lease %d+', 'lease: granted')
+    t:like(a.fo:lease_step(), '^no action: lease %d+ proven', 'lease: nothing due')
+    t:like(a.fo:guard_step(), '^no action: not the leader %(candidate%)', 'guard: not leading')
+    t:like(a.fo:control_step(), '^won the election %(term %d+%); promoted: leader', 'control: elected and promoted')
+    t:like(a.fo:guard_step(), '^no action: I am the leader with the lease', 'guard: the leader with the lease')
+    t:is(a.fo:control_step(), 'no action: I am the leader with the lease', 'control: the leader')
+    local b = new_node(fake, 'b', 'bbbb', 2, 1)
+    b.fo:lease_step()
+    t:like(b.fo:control_step(), '^following aaaa %(term %d+%)', 'control: following')
+    advance(TTL / 3)
+    t:like(a.fo:lease_step(), '^renewed lease %d+: writable for', 'lease: renewed')
+    fake.down = true
+    advance(TTL / 3)
+    t:like(a.fo:lease_step(), '^nothing proven: keepalive', 'lease: nothing proven')
+    advance(TTL)
+    t:like(a.fo:guard_step(), '^fenced: lease not proven since %d', 'guard: fenced')
+    t:like(a.fo:control_step(), '^no action: read leader key', 'control: etcd unavailable')
+end)
+
+test:test("status() shows each loop's last decision; a hold says which operation holds writes", function(t)
+    t:plan(9)
+    local fake, a = cluster(1, 1)
+    local before = a.fo:status().decisions
+    t:ok(before.lease == box.NULL and before.guard == box.NULL and before.control == box.NULL,
+        'every loop is there before it ran, as null')
+    local lease, control = a.fo:tick('lease'), a.fo:tick('control')
+    local guard = a.fo:tick('guard')
+    local said = a.fo:status().decisions
+    t:is(said.lease, lease, 'the lease loop')
+    t:is(said.control, control, 'the control loop')
+    t:is(said.guard, guard, 'the guard loop')
+    t:like(guard, '^no action: I am the leader with the lease', 'a leader with nothing to do')
+    local b = new_node(fake, 'b', 'bbbb', 2, 1)
+    b.box.following = a.box.uri  -- a follower attaches
+    t:like(a.fo:tick('guard'), '^set the synchronous quorum to 2', 'the guard loop says what its quorum step did')
+    t:is(a.fo:hold_for_join('dddd', 10).status, 'OK', 'a join hold')
+    t:is(a.fo:writes_held(), 'join hold', 'writes held by the join hold')
+    t:like(a.fo:tick('guard'), '^holding writes for the join of dddd', 'the guard loop says so')
+end)
+
+test:test('the loop steps keep their decisions through an error', function(t)
+    t:plan(2)
+    local a = lone_leader()
+    a.fo.etcd = {get = function() error('boom') end, get_many = function() error('boom') end}
+    t:like(a.fo:tick('control'), '^error: .*boom', 'the error is the decision')
+    t:like(a.fo:status().decisions.control, 'boom', 'and status shows it')
+end)
+
+
+-- Terms and a DCS that goes back (failover/terms.lua) ---------------------------------
+
+local function rejoin_calls(n)
+    local out = {}
+    for _, call in ipairs(n.box.calls) do
+        if call:match('^rejoin ') then
+            table.insert(out, call)
+        end
+    end
+    return out
+end
+
+local function writable_count(list)
+    local w = 0
+    for _, n in ipairs(list) do
+        if n.fo.writable() then
+            w = w + 1
+        end
+    end
+    return w
+end
+
+test:test('terms count leader changes, are kept durably, and a restart starts from them', function(t)
+    t:plan(7)
+    local fake, a, b, c = cluster(3)
+    run_for({a, b, c}, 1)
+    t:is(a.fo.term, 1, 'the first leader has term 1')
+    t:is(b.fo:status().term, 1, 'its followers report term 1')
+    a.frozen = true
+    run_for({a, b, c}, TTL + 2)
+    local l = leader_of({b, c})
+    t:is(l and l.fo.term, 2, 'the next leader has term 2: a leader change, not an etcd revision')
+    t:is(json.decode(fake.kv[LEADER_KEY].value).term, 2, 'the key says so')
+    t:is(c.fo.store.data.term, 2, 'each instance wrote the highest term it saw to its store')
+    local again = new_node(fake, 'c2', 'cccc', 3, 2, {store = c.fo.store})
+    t:is(again.fo.max_term, 2, 'a restarted instance starts from the term it recorded')
+    t:ok(l and json.decode(fake.kv['/smartcache/test/members/' .. l.box.uuid_].value).seen_term == 2,
+        'members publish the highest term they have seen')
+end)
+
+test:test('an etcd restored from an older snapshot: nobody obeys its stale key, the named former leader included',
+    function(t)
+    t:plan(10)
+    local fake, a, b, c = cluster(3)
+    local all = {a, b, c}
+    for _, n in ipairs(all) do
+        n.box.vc = {[1] = 10}
+    end
+    run_for(all, 1)
+    t:is(a.fo.role, 'leader', 'a leads term 1')
+    local snap = fake:snapshot()  -- its leader key names a, on the lease a still holds
+    T.on_sleep = function()
+        for _, n in ipairs({b, c}) do
+            n.fo:lease_step()
+            n.fo:control_step()
+        end
+    end
+    t:is(a.fo:switchover('bbbb', 5).status, 'OK', 'switched over to b (term 2)')
+    T.on_sleep = nil
+    run_for(all, 1)
+    b.box.vc, c.box.vc = {[1] = 10, [2] = 40}, {[1] = 10, [2] = 40}  -- b writes; a lags behind
+    run_for(all, 1)
+    fake:restore(snap)
+    local restored_at = T.now
+    local worst, a_wrote, first_at, said = 0, false, nil, nil
+    while T.now < restored_at + 3 * TTL do
+        advance(POLL)
+        round(all)
+        worst = math.max(worst, writable_count(all))
+        a_wrote = a_wrote or a.fo.writable()
+        said = said or a.fo:status().dcs_regressed
+        if first_at == nil and leader_of(all) ~= nil then
+            first_at = T.now
+        end
+    end
+    t:is(a_wrote, false, 'the former leader the restored key names never took writes')
+    t:ok(worst <= 1, 'never two writable')
+    t:like(tostring(said), 'term 1 names aaaa, term 2 was seen', 'the stale key is reported: ' .. tostring(said))
+    t:ok(first_at ~= nil and first_at >= restored_at + TTL + MARGIN,
+        string.format('no leader until TTL + margin after the rollback (%.2f s)', (first_at or 0) - restored_at))
+    local l = leader_of(all)
+    t:ok(l == b or l == c, 'a member with every acknowledged row leads: ' .. tostring(l and l.name))
+    t:ok(l ~= nil and l.fo.term >= 3, 'in a new term above every term seen: ' .. tostring(l and l.fo.term))
+    t:ok(a.fo.counters.dcs_regressions >= 1 and b.fo.counters.dcs_regressions >= 1
+         and c.fo.counters.dcs_regressions >= 1, 'each instance counted it')
+    t:is(a.fo.role, 'follower', 'and the former leader follows')
+end)
+
+test:test('a wiped etcd with the leader frozen: no election until every earlier lease has passed', function(t)
+    t:plan(8)
+    local fake, a, b, c = cluster(3)
+    local all = {a, b, c}
+    run_for(all, 1)
+    t:is(a.fo.role, 'leader', 'a leads term 1')
+    advance(TTL / 3)
+    a.fo:lease_step()  -- renewed just now: its lease has TTL - margin to run
+    local a_deadline = a.fo.deadline
+    a.frozen = true
+    fake:wipe()
+    local wiped_at = T.now
+    local first_at
+    while first_at == nil and T.now < wiped_at + 4 * TTL do
+        advance(POLL)
+        round(all)
+        if leader_of({b, c}) ~= nil then
+            first_at = T.now
+        end
+    end
+    t:ok(first_at ~= nil and first_at >= wiped_at + TTL + MARGIN,
+        string.format('no leader until TTL + margin after the wipe (%.2f s)', (first_at or 0) - wiped_at))
+    t:ok(first_at ~= nil and first_at > a_deadline, 'the frozen leader could no longer write by then')
+    t:ok(b.fo.counters.dcs_regressions >= 1 and c.fo.counters.dcs_regressions >= 1, 'the loss was counted')
+    t:ok(fake.kv['/smartcache/test/replicaset'] ~= nil, 'the replica set is recorded again')
+    a.frozen = false  -- resumes after the new key appeared
+    t:is(a.fo.writable(), false, 'the resumed leader does not write')
+    run_for(all, 2, t)
+    t:ok(leader_of(all).fo.term == 2, 'the new leader has term 2: terms did not go back with etcd')
+end)
+
+test:test('an etcd restored to a snapshot that still holds the current key: reported, and the same leader leads',
+    function(t)
+    t:plan(5)
+    local fake, a, b, c = cluster(3)
+    local all = {a, b, c}
+    run_for(all, 1)
+    t:is(a.fo.role, 'leader', 'a leads term 1')
+    local snap = fake:snapshot()
+    run_for(all, 2)  -- members republish: the revision grows past the snapshot's
+    fake:restore(snap)
+    local worst = 0
+    for _ = 1, 10 do
+        advance(POLL)
+        round(all)
+        worst = math.max(worst, writable_count(all))
+    end
+    t:ok(worst <= 1, 'never two writable')
+    t:ok(b.fo.counters.dcs_regressions >= 1, 'the lower revision was seen and counted')
+    t:is(leader_of(all), a, 'the key is not stale: its leader leads again, no election needed')
+    t:is(a.fo.term, 1, 'in the same term')
+end)
+
+test:test('members stop replicating before publishing for an election: a row the old leader then sends reaches no one',
+    function(t)
+    t:plan(7)
+    local fake, a, b, c = cluster(3)
+    local all = {a, b, c}
+    for _, n in ipairs(all) do
+        n.box.vc = {[1] = 87870}
+    end
+    run_for(all, 1)
+    t:is(a.fo.role, 'leader', 'a leads')
+    a.frozen = true
+    -- The moment the first member publishes a final vclock, a resumes and sends one more
+    -- row to whoever still replicates from it.
+    local sent, following_at_publish = false, {}
+    local handle = fake.handle
+    fake.handle = function(self, path, body)
+        if path == '/v3/kv/put' then
+            local rec = json.decode(d(body.value))
+            if rec.final then
+                table.insert(following_at_publish, nodes[rec.uri:match('^(%w+):')].box.following or 'nobody')
+            end
+            if not sent and rec.final and rec.uuid ~= 'aaaa' then
+                sent = true
+                a.frozen = false
+                a.box.vc = {[1] = 87871}
+                for _, n in ipairs({b, c}) do
+                    if n.box.following == a.box.uri then
+                        n.box.vc = {[1] = 87871}
+                    end
+                end
+            end
+        end
+        return handle(self, path, body)
+    end
+    run_for(all, 3 * TTL, t)
+    fake.handle = handle
+    t:ok(sent, 'the old leader sent its row during the election')
+    local ok = #following_at_publish > 0
+    for _, f in ipairs(following_at_publish) do
+        ok = ok and f == 'nobody'
+    end
+    t:ok(ok, 'every final vclock was published replicating from nobody')
+    local diverged = {}
+    for _, n in ipairs({b, c}) do
+        if n.fo.diverged ~= nil then
+            table.insert(diverged, n.name .. ': ' .. n.fo.diverged)
+        end
+    end
+    t:is(table.concat(diverged, '; '), '', 'no follower DIVERGED: the new leader has its quorum')
+    local l = leader_of({b, c})
+    t:ok(l ~= nil and l.box.vc[1] == 87870 and (b.box.vc[1] == 87870 and c.box.vc[1] == 87870),
+        'the new leader has every row any follower has')
+    -- The old leader's own row (written before the freeze, acknowledged by nobody) is beyond the key:
+    -- it proves that and rebuilds itself, no person needed.
+    t:ok(a.fo.diverged == nil or #rejoin_calls(a) == 1, 'the old leader follows, or rebuilds itself: '
+        .. tostring(a.fo.diverged))
+end)
+
+test:test('election order: the newest data_term first, then the vclock sum, then the smallest uuid', function(t)
+    t:plan(4)
+    local vclock = require('smartcache.failover.vclock')
+    local old = {uuid = 'aaaa', data_term = 3, vclock = {[1] = 50}}
+    local new = {uuid = 'bbbb', data_term = 5, vclock = {[1] = 40, [2] = 2}}
+    t:ok(vclock.better(new, old), 'every row of term 5 beats more rows of term 3 (nobody acknowledged those)')
+    t:ok(not vclock.better(old, new), 'and not the other way')
+    t:ok(vclock.better({uuid = 'b', data_term = 5, vclock = {[1] = 9}},
+        {uuid = 'a', data_term = 5, vclock = {[1] = 8}}), 'same term: more rows')
+    t:ok(vclock.better({uuid = 'a', vclock = {[1] = 8}}, {uuid = 'b', vclock = {[1] = 8}}), 'then the smaller uuid')
+end)
+
+-- One slow follower (failover/sync_quorum.lua) -----------------------------------------
+
+test:test('a follower that stops acknowledging leaves the synchronous quorum, never below a majority, and comes back',
+    function(t)
+    t:plan(8)
+    local _, a, b, c = cluster(3)
+    run_for({a, b, c}, 1)
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, 'both followers acknowledge: 3')
+    local function write(followers, seconds)
+        local until_t = T.now + seconds
+        while T.now < until_t do
+            advance(0.05)
+            a.box.vc[1] = (a.box.vc[1] or 0) + 1
+            for _, f in ipairs(followers) do
+                f.box.vc[1] = a.box.vc[1]
+            end
+            a.fo:quorum_step()
+        end
+    end
+    local t0 = T.now
+    local lowered_at
+    while lowered_at == nil and T.now < t0 + 2 do
+        write({b}, 0.05)  -- c is frozen: it acknowledges nothing more
+        if a.box.quorum == 2 then
+            lowered_at = T.now
+        end
+    end
+    t:ok(lowered_at ~= nil and lowered_at - t0 <= a.fo.slow_follower + 0.1,
+        string.format('lowered to 2 after %.2f s', (lowered_at or 99) - t0))
+    t:is(a.fo:status().slow_followers[1], 'cccc', 'status names the follower that stopped acknowledging')
+    t:is(a.fo.counters.quorum_lowerings, 1, 'counted')
+    write({}, 1)  -- b stalls too
+    t:is(a.box.quorum, 2, 'never below the configured majority')
+    write({b, c}, 0.1)  -- both caught up
+    t:is(a.box.quorum, 3, 'back to every follower once they acknowledge again')
+    advance(10)  -- nothing written: idle followers acknowledge only heartbeats
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, 'idle followers with every row stay in the quorum')
+    t:is(#a.fo:status().slow_followers, 0, 'and none is reported slow')
+end)
+
+-- Rebuilding by itself (failover/rejoin.lua) ----------------------------------------------
+
+test:test('the auto-rejoin proof holds for own rows written while leading, beyond the key, and refuses otherwise',
+    function(t)
+    t:plan(9)
+    local proof = require('smartcache.failover.rejoin').proof
+    local function case(over)
+        local a = {mine = {[1] = 25, [2] = 7}, own_id = 1, replicaset = 'rs', led = {term = 4, from_lsn = 15},
+                   leader = {term = 5, id = 2, vclock = {[1] = 20, [2] = 7}, replicaset = 'rs'}}
+        for k, v in pairs(over) do
+            a[k] = v
+        end
+        return proof(a)
+    end
+    local ok, why = case({})
+    t:ok(ok, 'own rows 21..25 of term 4, key of term 5: never acknowledged: ' .. tostring(why))
+    t:is(select(2, case({mine = {[1] = 25, [2] = 7, [3] = 4}})):match('^rows of instance 3') ~= nil, true,
+        'refused: rows of another instance beyond the key')
+    t:like(select(2, case({led = {term = 4, from_lsn = 21}})), 'from before term 4',
+        'refused: rows of a term it did not lead')
+    t:like(select(2, case({led = box.NULL})), 'no record of a term', 'refused: no record of leading')
+    t:like(select(2, case({led = {term = 5, from_lsn = 15}})), 'not after term 5',
+        'refused: the key is not of a later term')
+    t:like(select(2, case({regressed_term = 4})), 'DCS went back', 'refused: the DCS went back since it led')
+    t:like(select(2, case({leader = {term = 5, id = 2, vclock = {}, vclock_unreadable = true}})), 'cannot be read',
+        'refused: a key vclock it cannot read')
+    t:like(select(2, case({replicaset = 'other'})), 'another replica set', 'refused: another replica set')
+    t:like(select(2, case({mine = {[1] = 20, [2] = 9}})), 'no rows of our own', 'refused: nothing of its own beyond')
+end)
+
+local function diverge_old_leader(extra)
+    local _, a, b, c = cluster(3)
+    if extra then
+        a.fo.auto_rejoin = extra.auto_rejoin ~= false
+    end
+    a.box.vc, b.box.vc, c.box.vc = {[1] = 20}, {[1] = 20}, {[1] = 20}
+    run_for({a, b, c}, 1)
+    a.box.vc = {[1] = 25}  -- written as leader of term 1, never replicated
+    if extra and extra.foreign then
+        a.box.vc[3] = 4  -- rows of instance 3 that nobody else has
+    end
+    a.frozen = true
+    run_for({a, b, c}, TTL + 1)
+    a.frozen = false
+    run_for({a, b, c}, 2)
+    return a, b
+end
+
+
+test:test('an old leader that comes back DIVERGED with only unacknowledged rows of its own term rebuilds itself',
+    function(t)
+    t:plan(4)
+    local a, b = diverge_old_leader()
+    t:is(b.fo.role, 'leader', 'b leads term 2')
+    t:is(a.fo.role, 'diverged', 'a is DIVERGED')
+    t:is(#rejoin_calls(a), 1, 'and asked for its rebuild once: ' .. tostring(rejoin_calls(a)[1]))
+    t:is(a.fo.counters.auto_rejoins, 1, 'counted')
+end)
+
+test:test('auto-rejoin stays DIVERGED where the proof fails, and when SC_AUTO_REJOIN is false', function(t)
+    t:plan(4)
+    local a = diverge_old_leader({foreign = true})
+    t:is(a.fo.role, 'diverged', 'rows of another instance: DIVERGED')
+    t:is(#rejoin_calls(a), 0, 'not rebuilt')
+    t:like(a.fo:status().rejoin_refused, 'rows of instance 3', 'status says why')
+    a = diverge_old_leader({auto_rejoin = false})
+    t:is(#rejoin_calls(a), 0, 'SC_AUTO_REJOIN=false: only cluster rejoin rebuilds it')
+end)
+
+test:test('set-aside directories: a bounded count, the oldest removed first', function(t)
+    t:plan(5)
+    local rejoin = require('smartcache.failover.rejoin')
+    local dir = fio.tempdir()
+    for _, n in ipairs({'aside-20200101T000000-1', 'aside-20210101T000000-1', 'aside-20220101T000000-1'}) do
+        fio.mktree(fio.pathjoin(dir, n))
+    end
+    t:is(rejoin.set_aside(dir, 2, quiet), nil, 'nothing without the marker')
+    for _, f in ipairs({'00000000000000000001.xlog', '00000000000000000001.snap', rejoin.MARKER}) do
+        local fh = fio.open(fio.pathjoin(dir, f), {'O_WRONLY', 'O_CREAT'}, tonumber('644', 8))
+        fh:close()
+    end
+    local store = failover.file_store(dir)
+    store.save({term = 7, leader_uuid = 'bbbb', rev = 90, data_term = 7, led = {term = 6, from_lsn = 3}})
+    local r = rejoin.set_aside(dir, 2, quiet)
+    t:is(r.moved, 2, 'the WAL and the snapshot moved aside')
+    local st = store.load()
+    t:ok(st.term == 7 and st.data_term == 0 and st.led == nil,
+        'the terms stay; data_term and the term led go with the data')
+    t:is(r.removed, 2, 'the two oldest set-aside directories removed')
+    local left = fio.glob(fio.pathjoin(dir, 'aside-*'))
+    table.sort(left)
+    t:is_deeply({#left, fio.basename(left[1])}, {2, 'aside-20220101T000000-1'}, 'the newest kept')
+    fio.rmtree(dir)
+end)
+
+test:test('concurrent saves of the terms all land, the newest last', function(t)
+    t:plan(3)
+    reset()
+    local dir = fio.tempdir()
+    local fake = new_fake()
+    local n = new_node(fake, 'a', 'aaaa', 1, 2, {store = failover.file_store(dir)})
+    local results, done = {}, fiber.channel(8)
+    for i = 1, 8 do
+        fiber.create(function()
+            n.fo.max_term = math.max(n.fo.max_term, i)
+            table.insert(results, n.fo:save_terms())
+            done:put(true)
+        end)
+    end
+    for _ = 1, 8 do
+        done:get(5)
+    end
+    t:is(#results, 8, 'every save returned')
+    local all_ok = true
+    for _, ok in ipairs(results) do
+        all_ok = all_ok and ok
+    end
+    t:ok(all_ok, 'none failed (a shared temporary file made the second rename fail)')
+    t:is(failover.file_store(dir).load().term, 8, 'the file holds the newest term')
+    fio.rmtree(dir)
+end)
+
+-- Topology: the members as data in etcd (failover/topology.lua, failover/membership.lua) --------
+
+local topology = require('smartcache.failover.topology')
+local TOPOLOGY_KEY = '/smartcache/test/topology'
+
+-- Put a topology into the fake etcd: addresses (a member each; 'x!' not eligible, 'x-' leaving).
+local function put_topology(fake, version, addresses)
+    local members = {}
+    for _, a in ipairs(addresses) do
+        local name, flag = a:match('^(%a+)([!%-]?)$')
+        table.insert(members, {address = name .. ':3301', eligible = flag ~= '!', leaving = flag == '-'})
+    end
+    fake:do_put(TOPOLOGY_KEY, topology.encode({version = version, members = members}))
+end
+
+local function stored_topology(fake)
+    local e = fake.kv[TOPOLOGY_KEY]
+    return e and topology.decode(e.value)
+end
+
+local function names(t)
+    local out = {}
+    for _, m in ipairs(t and t.members or {}) do
+        table.insert(out, m.address:match('^(%a+)') .. (m.leaving and '-' or '') .. (m.eligible and '' or '!'))
+    end
+    return table.concat(out, ',')
+end
+
+-- A three-member cluster, formed (a leads), and sleeps that let every node run meanwhile.
+local function formed(n)
+    local fake, a, b, c, dd = cluster(n or 3)
+    local list = {a, b, c, dd}
+    run_for(list, 1)
+    concurrently(list)
+    return fake, a, b, c, dd
+end
+
+test:test('no topology: the majority and the quorum come from the configuration, as before', function(t)
+    t:plan(6)
+    local fake, a, b, c = formed()
+    T.on_sleep = nil
+    t:is(fake.kv[TOPOLOGY_KEY], nil, 'etcd holds no topology')
+    local st = a.fo:status()
+    t:ok(st.topology_version == box.NULL and st.registered == box.NULL, 'status: no topology, no registration')
+    t:is(st.majority, a.fo.election_quorum, 'the election majority is the configured one')
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, 'every attached follower counts (two followers: 3)')
+    c.box.following = nil
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 2, 'never below the configured quorum')
+    t:ok(b.fo.role == 'follower' and c.fo.role == 'follower', 'any instance follows')
+end)
+
+test:test('a topology makes the majority and the quorum floor: a majority of its members, eligible or not',
+    function(t)
+    t:plan(7)
+    local fake, a, b, c = formed()
+    T.on_sleep = nil
+    put_topology(fake, 1, {'a', 'b', 'c', 'd!'})  -- d: listed, not eligible, not running
+    run_for({a, b, c}, 0.5)
+    t:is(a.fo:election_majority(), 3, 'four members (one not eligible): a majority is 3')
+    t:is(a.fo:quorum_floor(), 3, 'and so is the floor of the synchronous quorum')
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, 'two followers acknowledging: 3')
+    c.box.following = nil
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, 'one acknowledging: still 3, a majority of four (no topology: 2)')
+    put_topology(fake, 2, {'a', 'b', 'c', 'd!', 'e!'})
+    run_for({a, b}, 0.5)
+    t:is(a.fo:status().majority, 3, 'five members, two not eligible: 3')
+    t:is(a.fo:status().topology_members, 5, 'status: five members')
+    t:is(b.fo:status().topology_version, 2, 'every member acts on the newest version')
+end)
+
+test:test('a member listed not eligible counts in the majority and never leads', function(t)
+    t:plan(3)
+    local fake, a, b, c = formed()
+    T.on_sleep = nil
+    put_topology(fake, 1, {'a', 'b', 'c!'})
+    run_for({a, b, c}, 0.5)
+    t:is(c.fo:eligible(), false, 'c is not eligible')
+    a.frozen = true
+    c.box.vc = {[1] = 0}
+    run_for({a, b, c}, TTL + 2, t)
+    t:is(leader_of({b, c}), b, 'b wins with c: two of three members, c counted though not eligible')
+end)
+
+test:test('an instance absent from the topology never replicates, and follows once it is added', function(t)
+    t:plan(10)
+    local fake, a, b, c = formed()
+    T.on_sleep = nil
+    put_topology(fake, 1, {'a', 'b'})
+    local followed = false
+    for _ = 1, 10 do
+        run_for({a, b, c}, POLL)
+        followed = followed or c.box.following ~= nil
+    end
+    t:is(c.fo.role, 'unregistered', 'c is unregistered')
+    t:ok(not followed and c.box.ro, 'it replicates from nobody and is read-only')
+    local rec = json.decode(fake.kv['/smartcache/test/members/cccc'].value)
+    t:ok(rec.role == 'unregistered' and rec.eligible == false and rec.registered == 'absent',
+        'its member record says so')
+    t:like(c.fo.decisions.control or c.fo:control_step(), '^unregistered: c:3301 is not in topology version 1',
+        'its decision says why')
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 2, 'the leader: one follower, a majority of two')
+    -- Say c has not seen the topology yet and still replicates: its acknowledgements do not count.
+    c.box.following = a.box.uri
+    c.box.vc = a.box.vclock()
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, 'an unregistered follower adds one to the quorum instead of counting in it')
+    t:is(a.fo:status().unregistered_followers[1], 'cccc', 'status names it')
+    c.box.following = nil
+    -- Elections ignore it: it never wins, and is never waited for.
+    c.box.vc = {[1] = 999}
+    a.frozen = true
+    run_for({a, b, c}, TTL + 2, t)
+    t:is(leader_of({b, c}), nil, 'b alone is not a majority of {a, b}; c does not count')
+    a.frozen = false
+    put_topology(fake, 2, {'a', 'b', 'c'})
+    c.box.vc = {}
+    run_for({a, b, c}, 1)
+    t:is(c.fo.role, 'follower', 'added: c follows the leader')
+end)
+
+test:test('an empty instance joins only once it is a member of a topology that exists', function(t)
+    t:plan(5)
+    local kv = {value = topology.encode({version = 3, members = {{address = 'a:3301'}, {address = 'b:3301'}}})}
+    t:is(topology.boot_registration(false, 'c:3301', nil), nil, 'no topology: join as before')
+    t:is(topology.boot_registration(kv, 'a:3301', nil), 'member', 'a member joins')
+    local reg, why = topology.boot_registration(kv, 'c:3301', nil)
+    t:ok(reg == 'absent' and why:find('cluster add c:3301', 1, true) ~= nil, 'absent: waits, and says what to run')
+    local known = topology.decode(topology.encode({version = 4, members = {{address = 'a:3301'}}}))
+    t:is(topology.boot_registration(false, 'b:3301', known), 'absent', 'etcd lost it: the terms file knows')
+    t:is(topology.boot_registration(kv, 'b:3301', known), 'absent', 'etcd holds an older one: the newer counts')
+end)
+
+test:test('cluster init makes the first topology from the live members, once; refused while some are missing',
+    function(t)
+    t:plan(5)
+    local fake, a = formed()
+    a.fo.cluster_size = 4
+    t:is(a.fo:topology_init().reason, 'INCOMPLETE', 'three live of SC_CLUSTER_SIZE 4: refused')
+    a.fo.cluster_size = 3
+    local r = a.fo:topology_init()
+    t:ok(r.status == 'OK' and r.created, 'created')
+    t:is(names(stored_topology(fake)), 'a,b,c', 'of the three live members')
+    t:is(#r.not_applied_by, 0, 'every member acts on it when init answers')
+    r = a.fo:topology_init()
+    t:ok(r.status == 'OK' and not r.created and stored_topology(fake).version == 1, 'again: nothing changes')
+    T.on_sleep = nil
+end)
+
+test:test('cluster add: a fourth instance waits unregistered, then joins and counts in the quorum', function(t)
+    t:plan(7)
+    local fake, a, b, c, dd = formed(4)
+    T.on_sleep = nil
+    dd.box.following = nil
+    put_topology(fake, 1, {'a', 'b', 'c'})
+    run_for({a, b, c, dd}, 1)
+    t:is(dd.fo.role, 'unregistered', 'd is not a member yet')
+    concurrently({a, b, c, dd})
+    local r = a.fo:topology_add('d:3301', 8304)
+    t:ok(r.status == 'OK' and r.version == 2, 'added: version 2')
+    t:is(names(stored_topology(fake)), 'a,b,c,d', 'd is listed')
+    T.on_sleep = nil
+    run_for({a, b, c, dd}, 1)
+    t:is(dd.fo.role, 'follower', 'd follows the leader')
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 4, 'three followers acknowledging: 4')
+    c.box.following = nil
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, 'one stops: 3, a majority of four, so a write needs d')
+    t:is(stored_topology(fake).members[4].http_port, 8304, 'its HTTP port is recorded')
+end)
+
+test:test('the leader refuses to be removed; changes go through the leader; precise answers', function(t)
+    t:plan(7)
+    local fake, a, b = formed()
+    t:is(a.fo:topology_init().status, 'OK', 'a topology')
+    local r = a.fo:topology_remove('a:3301', 1)
+    t:ok(r.reason == 'IS_LEADER' and r.message:find('switch over first', 1, true) ~= nil,
+        'the leader: switch over first')
+    t:is(names(stored_topology(fake)), 'a,b,c', 'nothing changed')
+    t:is(b.fo:topology_remove('c:3301', 1).status, 'NOT_LEADER', 'a follower changes nothing')
+    t:is(a.fo:topology_add('b:3301').reason, 'ALREADY_MEMBER', 'add of a member: already a member')
+    t:is(a.fo:topology_remove('z:3301', 1).reason, 'NOT_MEMBER', 'remove of another: not a member')
+    fake.down = true
+    t:is(a.fo:topology_add('z:3301').reason, 'ETCD_UNAVAILABLE', 'etcd down: etcd unavailable')
+    fake.down = false
+    T.on_sleep = nil
+end)
+
+test:test('a change that loses its compare-and-swap reads again and retries', function(t)
+    t:plan(2)
+    local fake, a = formed()
+    a.fo:topology_init()
+    local handle, raced = fake.handle, false
+    fake.handle = function(self, path, body)
+        if path == '/v3/kv/txn' and not raced and #(body.compare or {}) == 2
+                and digest.base64_decode(body.compare[1].key) == TOPOLOGY_KEY then
+            raced = true
+            self:do_put(TOPOLOGY_KEY, self.kv[TOPOLOGY_KEY].value)  -- someone else wrote it meanwhile
+        end
+        return handle(self, path, body)
+    end
+    local r = a.fo:topology_add('d:3301')
+    fake.handle = handle
+    T.on_sleep = nil
+    t:ok(raced and r.status == 'OK', 'added after the lost race')
+    t:is(names(stored_topology(fake)), 'a,b,c,d', 'once')
+end)
+
+test:test('a removed follower leaves the quorum before the topology changes, and never replicates again',
+    function(t)
+    t:plan(9)
+    local fake, a, b, c = formed()
+    a.fo:topology_init()
+    -- What the other instances did when each version was written.
+    local seen = {}
+    local do_put = fake.do_put
+    fake.do_put = function(self, k, v, lease)
+        if k == TOPOLOGY_KEY then
+            table.insert(seen, {t = topology.decode(v), c_follows = c.box.following ~= nil, c_role = c.fo.role,
+                                floor = a.fo:quorum_floor()})
+        end
+        return do_put(self, k, v, lease)
+    end
+    local r = a.fo:topology_remove('c:3301', 5)
+    fake.do_put = do_put
+    T.on_sleep = nil
+    t:is(r.status, 'OK', 'removed: ' .. tostring(r.message))
+    t:is(#seen, 2, 'in two writes')
+    t:is(names(seen[1].t), 'a,b,c-', 'first c is marked leaving')
+    t:ok(seen[1].c_follows, 'while it still replicated')
+    t:ok(not seen[2].c_follows and seen[2].c_role == 'unregistered',
+        'then it is out: unregistered, replicating from nobody, before the list changes')
+    t:is(seen[2].floor, 2, 'leaving, c still counted in the majority of three')
+    t:is(names(stored_topology(fake)), 'a,b', 'then the list has two members')
+    local followed = false
+    for _ = 1, 10 do
+        run_for({a, b, c}, POLL)
+        followed = followed or c.box.following ~= nil
+    end
+    t:ok(not followed and c.fo.role == 'unregistered', 'c never replicates again')
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 2, 'the quorum: a majority of two')
+end)
+
+test:test('a removal whose member does not let go times out, and its acknowledgements do not count meanwhile',
+    function(t)
+    t:plan(4)
+    local fake, a, b, c = formed()
+    a.fo:topology_init()
+    c.frozen = true  -- it never sees it is leaving, and its box still replicates
+    local r = a.fo:topology_remove('c:3301', 1)
+    T.on_sleep = nil
+    t:is(r.status, 'TIMEOUT', 'timed out: ' .. tostring(r.message))
+    t:is(names(stored_topology(fake)), 'a,b,c-', 'c stays marked leaving')
+    a.fo:quorum_step()
+    t:is(a.box.quorum, 3, "its acknowledgements add one to the quorum: a majority of three plus c's")
+    c.frozen = false
+    run_for({a, b, c}, 0.5)
+    concurrently({a, b, c})
+    t:is(a.fo:topology_remove('c:3301', 5).status, 'OK', 'once it lets go, removing it again finishes')
+    T.on_sleep = nil
+    local _ = b
+end)
+
+test:test('a leader that finds itself out of the topology steps down and frees the key', function(t)
+    t:plan(4)
+    local fake, a, b, c = formed()
+    T.on_sleep = nil
+    put_topology(fake, 1, {'b', 'c'})
+    run_for({a, b, c}, 0.5)
+    t:is(a.fo.role, 'unregistered', 'a is unregistered')
+    t:is(a.box.ro, true, 'read-only')
+    run_for({a, b, c}, TTL + 2, t)
+    t:ok(leader_of({b, c}) ~= nil, 'a member leads')
+end)
+
+test:test('an election counts against the topology it read: a change meanwhile makes it count again', function(t)
+    t:plan(2)
+    local fake, a, b, c = formed()
+    T.on_sleep = nil
+    put_topology(fake, 1, {'a', 'b', 'c'})
+    run_for({a, b, c}, 0.5)
+    a.frozen = true
+    local handle, changed = fake.handle, false
+    fake.handle = function(self, path, body)
+        if path == '/v3/kv/txn' and not changed and #(body.compare or {}) == 2
+                and body.compare[1].target == 'CREATE' then
+            changed = true
+            put_topology(self, 2, {'a', 'b', 'c'})  -- a new version (a member added and removed, say)
+        end
+        return handle(self, path, body)
+    end
+    run_for({a, b, c}, TTL + 2)
+    fake.handle = handle
+    t:ok(changed, 'the topology changed as a member took the key')
+    t:ok(leader_of({b, c}) ~= nil and leader_of({b, c}).fo.topology.version == 2,
+        'the winner counted again, against version 2')
+end)
+
+test:test('etcd losing the topology: every member acts on the newest it saw, and the leader writes it back',
+    function(t)
+    t:plan(4)
+    local fake, a, b = formed()
+    a.fo:topology_init()
+    T.on_sleep = nil
+    fake.kv[TOPOLOGY_KEY] = nil
+    fake.revision = fake.revision + 1
+    b.fo:control_step()
+    t:like(b.fo:status().topology_problem, 'etcd has no topology; version 1 was seen', 'a follower says so')
+    t:is(b.fo:status().topology_version, 1, 'and acts on version 1')
+    run_for({a, b}, 2)
+    t:is(names(stored_topology(fake)), 'a,b,c', 'the leader wrote it back')
+    t:is(b.fo:status().topology_problem, box.NULL, 'the problem clears')
 end)
 
 os.exit(test:check() and 0 or 1)

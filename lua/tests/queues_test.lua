@@ -12,7 +12,7 @@ local F = require('smartcache.schema').F.queue_tasks
 local TTR = 60000
 
 local test = tap.test('queues')
-test:plan(13)
+test:plan(15)
 
 local function take_async(name, wait_ms, ttr_ms, meta)
     local ch = fiber.channel(1)
@@ -161,6 +161,22 @@ test:test('a ready task past its TTL is deleted and never taken', function(t)
     t:ok(queues.counters.expired >= 1, 'counted')
 end)
 
+test:test('a taken task past its TTL is deleted, not given back; its ack is NOT_FOUND', function(t)
+    t:plan(5)
+    local p = sc.queue_put(nil, 'q-ttl-taken', 'late', nil, nil, 150)
+    local r = sc.queue_take(nil, 'q-ttl-taken', 0, TTR)
+    t:is(r.task_id, p.task_id, 'taken with a time-to-run past the TTL')
+    local returned, expired = queues.counters.ttr_returned, queues.counters.expired
+    local deadline = clock.monotonic() + 5
+    while box.space.queue_tasks:get(p.task_id) ~= nil and clock.monotonic() < deadline do
+        fiber.sleep(0.005)
+    end
+    t:is(box.space.queue_tasks:get(p.task_id), nil, 'deleted at its TTL by the timeout fiber')
+    t:is(queues.counters.expired, expired + 1, 'counted as expired')
+    t:is(queues.counters.ttr_returned, returned, 'not as a time-to-run that passed')
+    t:is(sc.queue_ack(nil, 'q-ttl-taken', r.task_id, r.attempt).status, 'NOT_FOUND', 'the taker learns it is gone')
+end)
+
 test:test('a take repeated under its idempotency key returns the same task', function(t)
     t:plan(4)
     sc.queue_put(nil, 'q-key', 'a')
@@ -185,12 +201,20 @@ test:test('ack and release of a task of another queue or none: NOT_FOUND; releas
         t:is(sc.queue_ack(nil, 'q-misc', 999999999).status, 'NOT_FOUND', 'none')
     end)
 
+test:test('task ids and attempts of 10^14 and more (64-bit cdata out of msgpack) are taken', function(t)
+    t:plan(3)
+    local msgpack = require('msgpack')
+    local big = msgpack.decode(msgpack.encode(100000000000000ULL))
+    t:is(sc.queue_ack(nil, 'q-big', big).status, 'NOT_FOUND', 'ack: no such task, not BAD_REQUEST')
+    t:is(sc.queue_release(nil, 'q-big', big, big).status, 'NOT_FOUND', 'release with an attempt')
+    t:is(sc.queue_ack(nil, 'q-big', 2 ^ 53).status, 'BAD_REQUEST', 'past 2^53 - 1: BAD_REQUEST')
+end)
+
 test:test('take answers NOT_LEADER on an instance that may not write', function(t)
     t:plan(1)
-    local writable = util.writable
-    util.writable = function() return false end
+    local writable = util.set_writable(function() return false end)
     local r = sc.queue_take(nil, 'q-ro', 0, TTR)
-    util.writable = writable
+    util.set_writable(writable)
     t:is(r.status, 'NOT_LEADER', 'NOT_LEADER')
 end)
 

@@ -192,10 +192,9 @@ test:test('a waiter on an instance that stops leading answers NOT_LEADER', funct
     sc.semaphore_acquire(nil, 'lk-ro', 1, 'a', LEASE, 0)
     local ch = acquire_async('lk-ro', 1, 'b', LEASE, 10000)
     wait_queued('lk-ro', 1)
-    local writable = util.writable
-    util.writable = function() return false end
+    local writable = util.set_writable(function() return false end)
     local got = ch:get(5)
-    util.writable = writable
+    util.set_writable(writable)
     t:is(got[1].status, 'NOT_LEADER', 'NOT_LEADER')
     -- It looks every WRITABLE_CHECK_S (1 s); not at the end of its 10 s wait.
     t:ok(got[2] < 2.5, 'at its next writable check')

@@ -6,7 +6,7 @@ helper.start()
 local F = require('smartcache.schema').F.sessions
 
 local test = tap.test('sessions')
-test:plan(12)
+test:plan(13)
 
 local SID = '6f1c2a3b-4c5d-4e6f-8a9b-0c1d2e3f4a5b'
 
@@ -78,7 +78,7 @@ test:test('util.insert and util.replace write like space:insert and space:replac
     -- the trigger must not run inside an FFI call, so these writes take space:insert.
     local fired = 0
     s:on_replace(function() fired = fired + 1 end)
-    util.lua_triggered[s.id] = s
+    util.register_lua_trigger(s)
     box.begin()
     for i = 1, n do
         util.replace(s, {i, 'd'})
@@ -86,7 +86,7 @@ test:test('util.insert and util.replace write like space:insert and space:replac
     box.commit()
     t:is(fired, n, 'the Lua trigger ran for each write of a hot loop')
     t:is(s:get(n)[2], 'd', 'and each was written')
-    util.lua_triggered[s.id] = nil
+    util.register_lua_trigger(s, false)
     s:drop()
 end)
 
@@ -179,15 +179,43 @@ test:test('the sweeper removes expired sessions and their cache', function(t)
     local id = 'cccccccc-0000-4000-8000-000000000001'
     sc.session_create(nil, id, 'client-5', nil, 60, 'x')
     sc.cache_put(nil, id, 'k', 0, 60, 'v')
-    local before = require('smartcache.expiry').expired.sessions
+    local expiry = require('smartcache.expiry')
+    local before = expiry.expired.sessions
     box.space.sessions:update(id, {{'=', F.expires_at, 1}})
+    -- The delete is visible before its WAL write returns; the sweeper counts it after: wait for both.
     local deadline = fiber.clock() + 5
-    while box.space.sessions:get(id) ~= nil and fiber.clock() < deadline do
+    while (box.space.sessions:get(id) ~= nil or expiry.expired.sessions == before) and fiber.clock() < deadline do
         fiber.sleep(0.05)
     end
     t:is(box.space.sessions:get(id), nil, 'session swept')
     t:is(box.space.cache:get({id, 'k'}), nil, 'its cache swept with it')
-    t:ok(require('smartcache.expiry').expired.sessions > before, 'counted')
+    t:ok(expiry.expired.sessions > before, 'counted')
+end)
+
+test:test('a new session wakes the sweeper that sleeps past its deadline', function(t)
+    t:plan(3)
+    local config = require('smartcache.config')
+    local expiry = require('smartcache.expiry')
+    local max_sleep = config.sweep_max_sleep_s
+    config.sweep_max_sleep_s = 30
+    fiber.sleep(max_sleep + 0.1)  -- its nap of the old length ends: it sleeps up to 30 s now
+    local id = 'cccccccc-0000-4000-8000-000000000002'
+    local before = expiry.expired.sessions
+    local created = fiber.clock()
+    sc.session_create(nil, id, 'client-6', nil, 1, 'x')
+    local deadline = created + 5
+    while box.space.sessions:get(id) ~= nil and fiber.clock() < deadline do
+        fiber.sleep(0.01)
+    end
+    local took = fiber.clock() - created
+    -- The delete is visible before its WAL write returns; the sweeper counts it after.
+    while expiry.expired.sessions == before and fiber.clock() < deadline do
+        fiber.sleep(0.01)
+    end
+    config.sweep_max_sleep_s = max_sleep
+    t:is(box.space.sessions:get(id), nil, 'swept')
+    t:ok(took >= 0.99 and took < 1.3, string.format('at its deadline (%.2f s after it was created)', took))
+    t:ok(expiry.expired.sessions > before, 'counted')
 end)
 
 helper.finish(test)

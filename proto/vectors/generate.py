@@ -1,6 +1,6 @@
 """Regenerate proto/vectors/vectors.json from PROTOCOL.md alone (struct + msgpack).
 
-Deliberately independent of service/protocol.py: the vectors check the codec,
+Deliberately independent of smartcache/wire/: the vectors check the codec,
 so they must not be made by it. Run: .venv/bin/python proto/vectors/generate.py
 """
 
@@ -38,6 +38,12 @@ valid = [
      decoded(type_=11, rid=7, sid=SID),
      {"status": 0, "client_id": "c-1", "version": "5.2", "data": {"hex": "0001"}, "rev": 3,
       "updated_at_ms": 1764500000000, "expires_in_ms": 600000}),
+    ("session rotate request", header(type_=16, rid=11, sid=SID), body({}), decoded(type_=16, rid=11, sid=SID), {}),
+    ("session update merging attributes", header(type_=13, rid=12, sid=SID),
+     body({"set": {"step": 2, "amount": 100}, "unset": ["draft"]}), decoded(type_=13, rid=12, sid=SID),
+     {"set": {"step": 2, "amount": 100}, "unset": ["draft"]}),
+    ("session create reply LIMIT_REACHED (status 5, zero session)", header(type_=10, rid=13),
+     body({"status": 5, "max_sessions": 1}), decoded(type_=10, rid=13), {"status": 5, "max_sessions": 1}),
     ("queue full reply (transport error 8, DATA_ERROR)", header(type_=20, terr=8, flags=1, rid=2**64 - 1),
      body({"status": 99, "error": "QUEUE_FULL", "message": "queue full"}),
      decoded(type_=20, terr=8, flags=1, rid=2**64 - 1), {"status": 99, "error": "QUEUE_FULL", "message": "queue full"}),
@@ -50,6 +56,15 @@ valid = [
      body({"status": 14, "holders": 1, "error": "TIMEOUT", "message": "no permit free within wait_ms"}),
      decoded(type_=60, flags=1, lifetime=6000, rid=11),
      {"status": 14, "holders": 1, "error": "TIMEOUT", "message": "no permit free within wait_ms"}),
+    ("events read of a sharded cluster's shard s2, after its sequence 41", header(type_=81, rid=21),
+     body({"after_seq": 41, "limit": 100, "shard": "s2"}), decoded(type_=81, rid=21),
+     {"after_seq": 41, "limit": 100, "shard": "s2"}),
+    ("events read reply of a sharded cluster (the shard read, every shard)", header(type_=81, rid=21),
+     body({"status": 0, "events": [], "last_seq": 41, "head_seq": 41, "oldest_seq": 1, "shard": "s2",
+           "shards": ["s1", "s2"]}),
+     decoded(type_=81, rid=21),
+     {"status": 0, "events": [], "last_seq": 41, "head_seq": 41, "oldest_seq": 1, "shard": "s2",
+      "shards": ["s1", "s2"]}),
 ]
 
 invalid = [

@@ -45,8 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="*", help="names (default: all)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    parser.add_argument("--out", type=Path, default=ROOT / "var" / "faults.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "var" / "faults.json", help="the JSON report; the table goes beside it (.md)"
+    )
     args = parser.parse_args(argv)
+    if args.out.suffix == ".md":
+        parser.error(f"--out {args.out}: the JSON report's name (the Markdown table is written beside it as .md)")
     if args.list:
         for sc in SCENARIOS:
             print(f"{sc.name:28} {sc.summary}")

@@ -1,8 +1,16 @@
 """The system under test, each process on a host of its own (devtools/netns.py).
 
-etcd, three Tarantool instances in HA mode (lua/init.lua) and two service
-instances (``python -m service``), every one inside its network namespace with
-the address of its host and the production ports (2379, 3301/8301, 5555/9105).
+Three etcd members (devtools/etcd.py's EtcdCluster; hosts etcd1..etcd3, the
+network group "etcd" standing for all three), three Tarantool instances in HA
+mode (lua/init.lua) and two service instances (``python -m smartcache.server``),
+every one inside its network namespace with the address of its host and the
+production ports (2379/2380, 3301/8301, 5555/9105).
+A row that grows the cluster (``cluster add``) asks for a fourth instance,
+``SPARE_NODE`` on a host of its own, with ``add_node``: only then is it made, so
+every other row, and every check that goes over ``nodes``, sees t1..t3 alone.
+The services know the instances by a fixed list (``SMARTCACHE_TARANTOOL``),
+or, with ``discovery``, find them in etcd (``SMARTCACHE_ETCD`` and
+``SMARTCACHE_CLUSTER``) as the topology lists them.
 Processes are devstack ``Child``ren: started by us, stopped by PID, gone when
 we are (PR_SET_PDEATHSIG). The test itself is the observer: it talks to every
 process over a link that faults never cut.
@@ -11,7 +19,6 @@ process over a link that faults never cut.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import shutil
 import signal
@@ -27,7 +34,7 @@ from typing import Any, TypeVar
 import tarantool
 
 from devtools.devstack import LUA_INIT, Child, http_get_json
-from devtools.etcd import Etcd
+from devtools.etcd import EtcdCluster
 from devtools.netns import Network
 from tests.integration.conftest_ha import ha_env
 
@@ -35,8 +42,14 @@ T = TypeVar("T")
 
 TTL_S = 3  # SC_LEADER_TTL_S: every duration of the scenarios scales with it
 NODES = ("t1", "t2", "t3")
+#: the instance a membership row adds and removes again; its host is made when the row asks (add_node)
+SPARE_NODE = "t4"
 SERVICES = ("s1", "s2")
-HOSTS = ["etcd", *NODES, *SERVICES]
+#: the etcd members' hosts, in member order: member etcd-N runs on host etcdN
+ETCD_HOSTS = ("etcd1", "etcd2", "etcd3")
+#: the network group of all three: cut(x, "etcd") cuts x from every member
+ETCD_GROUP = "etcd"
+HOSTS = [*ETCD_HOSTS, *NODES, *SERVICES]
 IPROTO_PORT, HTTP_PORT = 3301, 8301
 SERVICE_PORT, METRICS_PORT = 5555, 9105
 ETCD_PORT, ETCD_PEER_PORT = 2379, 2380
@@ -60,15 +73,9 @@ def until(
         time.sleep(interval_s)
 
 
-@dataclass
-class NsEtcd(Etcd):
-    """devtools.etcd.Etcd on a host of its own (its address instead of 127.0.0.1)."""
-
-    ip: str = ""
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.ip}:{self.client_port}"
+def etcd_host(member: str) -> str:
+    """The host an etcd member runs on: etcd-2 -> etcd2."""
+    return member.replace("-", "")
 
 
 @dataclass
@@ -146,59 +153,47 @@ class Cluster:
     node_env: dict[str, dict[str, str]] = field(default_factory=dict)
     service_env: dict[str, str] = field(default_factory=dict)
     data_dirs: dict[str, Path] = field(default_factory=dict)
-    etcd: NsEtcd = field(init=False)
+    #: the services find the instances in etcd (the topology, else the live member records), not in a list
+    discovery: bool = False
+    etcd: EtcdCluster = field(init=False)
+    #: SC_CLUSTER: the etcd prefix of this cluster's keys, and the services' SMARTCACHE_CLUSTER
+    name: str = field(init=False)
+    #: what every instance of the cluster is started with (each adds its own name, addresses, data dir)
+    instance_env: dict[str, str] = field(init=False)
     nodes: dict[str, Node] = field(default_factory=dict)
     services: dict[str, ServiceProc] = field(default_factory=dict)
     _local: threading.local = field(default_factory=threading.local)
 
     def __post_init__(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
-        ip = self.net.hosts["etcd"].ip
-        etcd = shutil.which("etcd") or "/usr/bin/etcd"
-        client_url, peer_url = f"http://{ip}:{ETCD_PORT}", f"http://{ip}:{ETCD_PEER_PORT}"
-        argv = ["timeout", "--kill-after=5", str(ETCD_LIFETIME_S), etcd, "--name", "etcd"]
-        argv += ["--data-dir", str(self.base / "etcd.data"), "--log-level", "warn"]
-        argv += ["--listen-client-urls", client_url, "--advertise-client-urls", client_url]
-        argv += ["--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url]
-        argv += ["--initial-cluster", f"etcd={peer_url}", "--initial-cluster-state", "new"]
-        self.etcd = NsEtcd(
-            name="etcd",
-            argv=self.net.argv_in("etcd", argv),
-            env={},
-            log_path=self.base / "etcd.log",
-            client_port=ETCD_PORT,
-            peer_port=ETCD_PEER_PORT,
-            data_dir=self.base / "etcd.data",
-            ip=ip,
+        self.net.add_group(ETCD_GROUP, list(ETCD_HOSTS))
+        self.etcd = EtcdCluster.create(
+            self.base,
+            client_ports=[ETCD_PORT] * len(ETCD_HOSTS),
+            peer_ports=[ETCD_PEER_PORT] * len(ETCD_HOSTS),
+            hosts=[self.net.hosts[h].ip for h in ETCD_HOSTS],
+            lifetime_s=ETCD_LIFETIME_S,
+            wrap=lambda i, argv: self.net.argv_in(ETCD_HOSTS[i], argv),
         )
-        env = ha_env(self.etcd, f"faults{random.randrange(1 << 30)}")  # NsEtcd is an Etcd
-        env["SC_LEADER_TTL_S"] = str(TTL_S)
-        tarantool_bin = shutil.which("tarantool") or "tarantool"
+        self.name = f"faults{random.randrange(1 << 30)}"
+        self.instance_env = ha_env(self.etcd, self.name)  # SC_ETCD: all three members
+        self.instance_env["SC_LEADER_TTL_S"] = str(TTL_S)
         for name in NODES:
-            ip = self.net.hosts[name].ip
-            data_dir = self.data_dirs.get(name, self.base / name)
-            node_env = {
-                **env,
-                "SC_INSTANCE_NAME": name,
-                "SC_LISTEN": f"{ip}:{IPROTO_PORT}",
-                "SC_HTTP_LISTEN": f"{ip}:{HTTP_PORT}",
-                "SC_DATA_DIR": str(data_dir),
-                "SC_HTTP_TOKEN": HTTP_TOKEN,  # required off localhost (the data routes; /health and /metrics stay open)
-                **self.node_env.get(name, {}),
-            }
-            child = Child(
-                name=name,
-                argv=self.net.argv_in(name, [tarantool_bin, str(LUA_INIT)]),
-                env=node_env,
-                log_path=self.base / f"{name}.log",
-            )
-            self.nodes[name] = Node(name, ip, child, data_dir)
+            self.nodes[name] = self._node(name)
         addresses = ",".join(n.address for n in self.nodes.values())
+        # With discovery the services know only what etcd says: SMARTCACHE_TARANTOOL is set empty (the default, no
+        # list once SMARTCACHE_CLUSTER is set) rather than left out, so that one in our own environment, which a
+        # Child passes on, cannot add a list.
+        found_by = (
+            {"SMARTCACHE_TARANTOOL": "", "SMARTCACHE_ETCD": self.etcd.url, "SMARTCACHE_CLUSTER": self.name}
+            if self.discovery
+            else {"SMARTCACHE_TARANTOOL": addresses}
+        )
         for name in SERVICES:
             ip = self.net.hosts[name].ip
             service_env = {
                 "SMARTCACHE_LISTEN": f"tcp://{ip}:{SERVICE_PORT}",
-                "SMARTCACHE_TARANTOOL": addresses,
+                **found_by,
                 "SMARTCACHE_METRICS_ADDR": ip,
                 "SMARTCACHE_METRICS_PORT": str(METRICS_PORT),
                 "SMARTCACHE_INSTANCE_ID": name,
@@ -208,18 +203,49 @@ class Cluster:
             }
             child = Child(
                 name=name,
-                argv=self.net.argv_in(name, [sys.executable, "-m", "service"]),
+                argv=self.net.argv_in(name, [sys.executable, "-m", "smartcache.server"]),
                 env=service_env,
                 log_path=self.base / f"{name}.log",
             )
             self.services[name] = ServiceProc(name, ip, child)
 
+    def _node(self, name: str) -> Node:
+        """One instance of the cluster on its host (not started)."""
+        ip = self.net.hosts[name].ip
+        data_dir = self.data_dirs.get(name, self.base / name)
+        env = {
+            **self.instance_env,
+            "SC_INSTANCE_NAME": name,
+            "SC_LISTEN": f"{ip}:{IPROTO_PORT}",
+            "SC_HTTP_LISTEN": f"{ip}:{HTTP_PORT}",
+            "SC_DATA_DIR": str(data_dir),
+            "SC_HTTP_TOKEN": HTTP_TOKEN,  # required off localhost (the data routes; /health and /metrics stay open)
+            **self.node_env.get(name, {}),
+        }
+        child = Child(
+            name=name,
+            argv=self.net.argv_in(name, [shutil.which("tarantool") or "tarantool", str(LUA_INIT)]),
+            env=env,
+            log_path=self.base / f"{name}.log",
+        )
+        return Node(name, ip, child, data_dir)
+
+    def add_node(self, name: str = SPARE_NODE) -> Node:
+        """One more instance of this cluster, empty, on a host of its own (made now if this run has none yet: the
+        namespaces outlive a row), not started. From here on it is one of ``nodes``: the sampler asks it, the
+        final read counts it when it follows, ``close`` stops it."""
+        if name not in self.net.hosts:
+            self.net.add_host(name)
+        node = self.nodes[name] = self._node(name)
+        return node
+
     # -- start and stop ---------------------------------------------------------------
 
     def start(self) -> None:
-        """etcd, then the three instances (one leads, two follow), then both services (ready)."""
+        """etcd (a leader, all three healthy), then the three instances (one leads, two follow), then both
+        services (ready)."""
         self.etcd.start()
-        self.etcd.wait_ready()
+        self.etcd.wait_ready(timeout_s=60)
         for node in self.nodes.values():
             node.child.start()
         leader = self.leader(timeout_s=60)
@@ -239,8 +265,11 @@ class Cluster:
         self.nodes[name].child.start()
 
     def restart_etcd(self) -> None:
-        self.etcd.start()
-        self.etcd.wait_ready()
+        """Start every etcd member that is not running (on its data), until a leader and all healthy."""
+        for m in self.etcd.members:
+            if not m.alive():
+                m.start()
+        self.etcd.wait_ready(timeout_s=60)
 
     def close(self) -> None:
         """Stop every process by its PID (services first: they drain), resuming any we froze."""
@@ -251,10 +280,7 @@ class Cluster:
         for node in self.nodes.values():
             node.child.send_signal(signal.SIGCONT)
             node.child.stop(timeout_s=10)
-        with contextlib.suppress(RuntimeError, OSError):
-            if self.etcd.alive():
-                self.etcd.send_signal(signal.SIGCONT)
-        self.etcd.stop(timeout_s=10)
+        self.etcd.stop()  # SIGCONT to a frozen member first
 
     # -- signals --------------------------------------------------------------------
 
@@ -262,9 +288,15 @@ class Cluster:
         self.nodes[name].child.send_signal(sig)
 
     def kill_etcd(self) -> None:
-        """kill -9 etcd itself (not the `timeout` around it), and wait until it is gone."""
-        os.kill(self.etcd.etcd_pid, signal.SIGKILL)
-        until(lambda: True if not self.etcd.alive() else None, 10, "etcd gone after kill -9")
+        """kill -9 every etcd member (etcd itself, not the `timeout` around it): etcd down as a whole."""
+        for m in self.etcd.members:
+            if m.alive():
+                self.etcd.kill(m.name)
+
+    def kill_etcd_member(self, name: str) -> int:
+        """kill -9 one etcd member ("etcd-2"; the leader: ``self.etcd.leader().name``); its PID. Start it again
+        with ``self.etcd.restart(name)`` (on its data: it rejoins)."""
+        return self.etcd.kill(name)
 
     # -- asking instances -----------------------------------------------------------
 

@@ -52,6 +52,8 @@ EXT4_MB = 64
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 OPERATOR = ("operator", "operator")
 REJOIN_EXIT = 75
+#: how long a DIVERGED instance may take to decide it can rebuild itself (its proof reads the leader key)
+AUTO_REJOIN_S = 15.0
 SUPERVISOR_STARTS = 3
 REBUILD_START_S = 30.0
 
@@ -63,6 +65,9 @@ class Setup:
     disks: str | None = None  # "tmpfs" or "ext4": each instance's data dir on a small filesystem of its own
     node_env: dict[str, str] = field(default_factory=dict)
     faketime: bool = False  # every instance under libfaketime, its offset in a file the scenario writes
+    #: the services find the instances in etcd (SMARTCACHE_ETCD + SMARTCACHE_CLUSTER), not in SMARTCACHE_TARANTOOL:
+    #: a row that changes the members shows the services following the change
+    discovery: bool = False
 
 
 @dataclass
@@ -78,6 +83,9 @@ class Scenario:
     summary: str
     timeline: Callable[[Run], None]
     setup: Setup = field(default_factory=Setup)
+    #: a row that runs a stack of its own, not the namespaced cluster (make run, two shards): (base dir, the
+    #: suite's network, whose hosts it may use and add to) -> its result
+    standalone: Callable[[Path, Network], dict[str, Any]] | None = None
 
 
 class Run:
@@ -148,7 +156,8 @@ class Run:
         return self.c.leader(timeout_s=timeout_s, exclude=exclude)
 
     def followers(self, leader: str) -> list[str]:
-        return [n for n in NODES if n != leader]
+        """Every other instance: t1..t3's, and one a row added while it is there."""
+        return [n for n in self.c.nodes if n != leader]
 
     def ops(self) -> list[Op]:
         return self.history.snapshot()
@@ -175,6 +184,9 @@ class Run:
         (it exits at start) -> the `sc_rejoin` marker by hand, started again. Returns how it came back."""
         self.c.start_node(name)
         came = self._back(name, timeout_s)
+        if came["role"] == "exited" and self._exit_code(name) == REJOIN_EXIT:
+            self._rebuilt_itself(name, timeout_s)
+            return "rebuilt itself"
         if came["role"] == "exited":
             self.note(f"{name} could not start ({self._fatal(name)}); rebuilt by the sc_rejoin marker")
             self.mark("rebuild: sc_rejoin marker", node=name)
@@ -202,10 +214,41 @@ class Run:
         self._supervise(name, timeout_s, marker=False)
 
     def rejoin_if_diverged(self, name: str, timeout_s: float = 30.0) -> None:
-        """After a heal: until the instance follows, or rebuild it if it is DIVERGED."""
-        came = self._back(name, timeout_s)
+        """After a heal: until the instance follows. One that comes back DIVERGED rebuilds itself when it can
+        prove its extra rows were never acknowledged (SC_AUTO_REJOIN: it exits 75 and its supervisor, here
+        the harness, starts it again); only if it stays DIVERGED is it rebuilt by hand, and the check that
+        no person was needed fails. It may lead by then: it won an election after the heal (a former leader
+        that has caught up is as good a candidate as any)."""
+        came = self._back(name, timeout_s, may_lead=True)
         if came["role"] == "diverged":
+            came = self._exits_to_rebuild(name, AUTO_REJOIN_S) or came
+        if came["role"] == "exited" and self._exit_code(name) == REJOIN_EXIT:
+            self._rebuilt_itself(name, timeout_s)
+        elif came["role"] == "diverged":
+            self.check(f"{name} rebuilt itself (no command run)", False, f"stayed DIVERGED: {came.get('diverged')}")
             self.rejoin(name, came)
+
+    def _exits_to_rebuild(self, name: str, timeout_s: float) -> dict[str, Any] | None:
+        """Until a DIVERGED instance exits to rebuild itself ({"role": "exited"}), or None after timeout_s."""
+        child = self.c.nodes[name].child
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not child.alive():
+                return {"role": "exited"}
+            time.sleep(0.1)
+        return None
+
+    def _rebuilt_itself(self, name: str, timeout_s: float) -> None:
+        """It proved its extra rows were never acknowledged, set its files aside and exited 75: start it again
+        (what `restart: on-failure` does) until it follows; no operator command was run."""
+        self.note(f"{name} came back DIVERGED and rebuilt itself (exit 75, files set aside)")
+        self.mark("rebuilt itself", node=name)
+        self.check(f"{name} rebuilt itself (no command run)", True)
+        self._supervise(name, timeout_s, marker=False)
+
+    def _exit_code(self, name: str) -> int | None:
+        proc = self.c.nodes[name].child.proc
+        return None if proc is None else proc.poll()
 
     def _supervise(self, name: str, timeout_s: float, *, marker: bool = True) -> None:
         """What a supervisor does for an instance being rebuilt: start it (with the rebuild marker) until it
@@ -232,17 +275,20 @@ class Run:
         lines = [ln for ln in self.c.nodes[name].child.log_tail(30).splitlines() if " F> " in ln or " E> " in ln]
         return lines[-1][-200:] if lines else "no error logged"
 
-    def _back(self, name: str, timeout_s: float) -> dict[str, Any]:
-        """Until the instance follows or is diverged (its role), or its process exited ({"role": "exited"})."""
+    def _back(self, name: str, timeout_s: float, *, may_lead: bool = False) -> dict[str, Any]:
+        """Until the instance follows or is diverged (its role), or its process exited ({"role": "exited"}).
+        may_lead: leading counts as back too (after a heal the instance may win an election fairly; two
+        writable at once is the sampler's check, not this one's)."""
         child = self.c.nodes[name].child
+        back_roles = ("follower", "diverged", "leader") if may_lead else ("follower", "diverged")
 
         def back() -> dict[str, Any] | None:
             if not child.alive():
                 return {"role": "exited"}
             r = self.c.role(name)
-            return r if r is not None and r["role"] in ("follower", "diverged") else None
+            return r if r is not None and r["role"] in back_roles else None
 
-        return until(back, timeout_s, lambda: f"{name} follows: {self.c.roles()}")
+        return until(back, timeout_s, lambda: f"{name} {'is back' if may_lead else 'follows'}: {self.c.roles()}")
 
     def workers_of(self, service: str) -> list[Worker]:
         return [w for w in self.workers if w.service == service]
@@ -271,7 +317,7 @@ class Run:
                     "FAKETIME_CACHE_DURATION": "1",
                     "DONT_FAKE_MONOTONIC": "1",  # the jump is the wall clock's; monotonic time goes on
                 }
-        self.cluster = Cluster(self.base, self.net, node_env=node_env, data_dirs=data_dirs)
+        self.cluster = Cluster(self.base, self.net, node_env=node_env, data_dirs=data_dirs, discovery=setup.discovery)
         self.cluster.start()
         self.hot = create_hot_sessions(self.c.services["s1"].endpoint, HOT_SESSIONS, "register-hot")
 
@@ -343,7 +389,9 @@ class Run:
 
     def final_state(self) -> None:
         leader = self.c.leader(timeout_s=60)
-        alive = [n for n in NODES if self.c.nodes[n].child.alive()]
+        # Every instance there is, one a row added included: it is checked like the others while it follows
+        # (a removed one is unregistered, replicates nothing more, and is left out as a stopped one is).
+        alive = [n for n, node in self.c.nodes.items() if node.child.alive()]
         others = [n for n in alive if n != leader and (self.c.role(n) or {}).get("role") == "follower"]
         try:
             until(lambda: True if self.c.caught_up(leader, others) else None, 30, "followers caught up")
@@ -352,7 +400,7 @@ class Run:
             converged = False
         self.check("followers catch up with the leader", converged, f"leader {leader}, followers {others}")
         ops = self.ops()
-        present = {n: self._read_sessions(n) for n in [leader, *others]}
+        present = {n: self.sessions_on(n) for n in [leader, *others]}
         conn = self.c.open_conn(leader, 10.0)
         try:
             finals: dict[str, tuple[int, list[int]] | None] = {}
@@ -361,6 +409,12 @@ class Run:
                 finals[sid] = (int(r["rev"]), list(r["data"]["log"])) if r["status"] == "OK" else None
             r = conn.call("sc.counter_get", [None, self.counter]).data[0]
             counter = int(r["value"]) if r["status"] == "OK" else 0
+            if r["status"] != "OK":
+                # Not a value: say what the read answered, and what the leader's quorum layer holds pending
+                # (a WRITE_PENDING that outlives every synchronous timeout is a leak, not a slow write).
+                sync = conn.call("sc.stats", [None]).data[0].get("synchronous")
+                self.note(f"the final counter read on {leader} answered {r}; its synchronous state: {sync}")
+                self.extra["counter_read"] = {"answer": r, "synchronous": sync}
             cache_keys = {op.value for op in ops if op.workload == "cache"}
             cached = {k for k in cache_keys if conn.call("sc.cache_get", [None, "", k]).data[0]["status"] == "OK"}
         finally:
@@ -384,7 +438,8 @@ class Run:
             self.check(f"{n} (follower) has every acknowledged session", missing == 0, f"{missing} missing")
         self.extra["final_leader"] = leader
 
-    def _read_sessions(self, node: str) -> set[str]:
+    def sessions_on(self, node: str) -> set[str]:
+        """The ids of the set workload's sessions that one instance holds."""
         conn = self.c.open_conn(node, 10.0)
         try:
             out: set[str] = set()
@@ -469,6 +524,8 @@ def execute(scenario: Scenario, base: Path, net: Network) -> dict[str, Any]:
     disks.cleanup_stale(base)
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True, exist_ok=True)
+    if scenario.standalone is not None:
+        return scenario.standalone(base, net)
     started = time.monotonic()
     run = Run(scenario, base, net)
     try:

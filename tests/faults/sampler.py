@@ -11,6 +11,10 @@ confirmed count; unconfirmed doubles are kept as ``suspects``.
 
 Each round also keeps, per instance, its role, term, and whether a follower's
 upstream replication is in state ``follow`` (for "replication never stops").
+
+The instances asked are the cluster's at the start of each round, so one that a
+row adds while the load runs (``Cluster.add_node``) is asked from its next round
+on; a round's ``seen`` has the instances there were then.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from tests.faults.cluster import Cluster
 from tests.faults.history import History
 
 INTERVAL_S = 0.05
+#: threads asking at once: one per instance, more than the suite ever runs (three, four while a row adds one)
+ASKERS = 8
 
 
 @dataclass
@@ -91,11 +97,13 @@ class Sampler:
         return Seen(r["role"], bool(r["writable"]), int(r["term"] or 0), upstream, bool(r["fenced"]), r["wal_broken"])
 
     def _run(self) -> None:
-        names = list(self.cluster.nodes)
-        with ThreadPoolExecutor(len(names), thread_name_prefix="sampler") as pool:
+        asked: set[str] = set()
+        with ThreadPoolExecutor(ASKERS, thread_name_prefix="sampler") as pool:
             while not self._stop.is_set():
                 started = time.monotonic()
                 t = self.history.now()
+                names = list(self.cluster.nodes)
+                asked.update(names)
                 seen = dict(zip(names, pool.map(self._ask, names), strict=True))
                 rnd = Round(t, seen)
                 writable = rnd.writable()
@@ -113,7 +121,7 @@ class Sampler:
                 self.max_writable = max(self.max_writable, count)
                 self.rounds.append(rnd)
                 self._stop.wait(max(0.0, INTERVAL_S - (time.monotonic() - started)))
-        for name in names:
+        for name in asked:
             self._drop(name)
 
     def start(self) -> Sampler:

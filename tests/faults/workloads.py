@@ -27,9 +27,9 @@ import time
 import uuid
 from typing import Any
 
-from service.client import Client, Reply
-from service.errors import RequestError, RequestTimeout
-from service.protocol import REGISTRY
+from smartcache.client import Client, Reply
+from smartcache.wire import REGISTRY
+from smartcache.wire.errors import RequestError, RequestTimeout
 from tests.faults.history import FAIL, OK, UNKNOWN, Attempt, History, Op
 
 ATTEMPTS = 3

@@ -21,8 +21,8 @@ import atheris
 with atheris.instrument_imports():
     import msgpack
 
-    from service.errors import ProtocolError
-    from service.protocol import HEADER_STRUCT, decode_body, decode_header, encode_body, encode_header
+    from smartcache.wire import HEADER_STRUCT, decode_body, decode_header, encode_body, encode_header
+    from smartcache.wire.errors import ProtocolError
 
 HEADER_SIZE = HEADER_STRUCT.size
 

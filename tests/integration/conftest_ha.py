@@ -1,4 +1,4 @@
-"""etcd + three Tarantool instances in HA mode (lua/init.lua with SC_ETCD), for failover tests.
+"""etcd (three members) + three Tarantool instances in HA mode (lua/init.lua with SC_ETCD), for failover tests.
 
 Real processes on free 127.0.0.1 ports, stopped by PID. `HACluster` asks each
 instance `sc.role` over iproto as the service user, finds the leader, writes
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import tarantool
 
 from devtools.devstack import Tarantool
-from devtools.etcd import Etcd
+from devtools.etcd import EtcdCluster
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ def wait_for(
     return _until(value, timeout_s, interval_s, what)
 
 
-def ha_env(etcd: Etcd, cluster: str, **extra: str) -> dict[str, str]:
+def ha_env(etcd: EtcdCluster, cluster: str, **extra: str) -> dict[str, str]:
     return {
         "SC_ETCD": etcd.url,
         "SC_CLUSTER": cluster,
@@ -77,7 +77,7 @@ def ha_env(etcd: Etcd, cluster: str, **extra: str) -> dict[str, str]:
 @dataclass
 class HACluster:
     base: Path
-    etcd: Etcd
+    etcd: EtcdCluster
     nodes: dict[str, Tarantool]
     _local: threading.local = field(default_factory=threading.local)  # connections are per thread
 
@@ -207,7 +207,7 @@ def ha_cluster(base: Path, data_dirs: dict[str, Path] | None = None, **extra_env
 
     data_dirs: a data dir of its own for some instances (say, a small tmpfs).
     """
-    etcd = Etcd.create(base)
+    etcd = EtcdCluster.create(base)
     etcd.start()
     cluster = None
     try:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from devtools.devstack import Tarantool, free_port
-from service import __version__
-from service.cli import _parser
+from smartcache import __version__
+from smartcache.cli.main import _parser
 from tests.conftest import Running, service_process
 
 BIN = Path(sys.executable).parent
@@ -27,6 +27,8 @@ SUBCOMMANDS = [
     "session-delete",
     "session-update",
     "session-list",
+    "session-rotate",
+    "session-delete-client",
     "cache-put",
     "cache-get",
     "cache-delete",
@@ -177,7 +179,8 @@ def test_every_argument_has_help_text() -> None:
 
 
 def test_products_get_help_says_what_data_types_mean() -> None:
-    assert "1 accounts, 2 cards, 3 deposits, 4 loans" in run("smartcache-cli", "products-get", "--help").stdout
+    words = " ".join(run("smartcache-cli", "products-get", "--help").stdout.split())  # argparse wraps lines
+    assert "1 accounts, 2 cards, 3 deposits, 4 loans are prewarmed by default" in words
 
 
 def test_cli_version() -> None:

@@ -14,7 +14,7 @@ from devtools.devstack import Tarantool
 def _cli(*args: str, timeout_s: float | None = None) -> tuple[int, dict]:
     before = ["--timeout", str(timeout_s)] if timeout_s else []
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", *before, "cluster", *args],
+        [sys.executable, "-m", "smartcache.cli", *before, "cluster", *args],
         check=False,
         capture_output=True,
         text=True,

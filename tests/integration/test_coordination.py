@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from devtools.devstack import Tarantool
-from service.client import AsyncClient, Client
-from service.errors import LeaseLost, NotAcquired
+from smartcache.client import AsyncClient, Client
+from smartcache.wire.errors import LeaseLost, NotAcquired
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
 from tests.integration.test_cli import cli
@@ -67,6 +67,20 @@ def test_counter_add_get_cas_and_bounds(svc: Running) -> None:
     assert (r.status, r.body["value"]) == ("CONFLICT", 10)
     assert c.counter_get(n).body == {"status": 0, "value": 10, "rev": 2}
     assert c.counter_add(n, 1, min=5, max=1).status == "BAD_REQUEST"
+
+
+def test_counters_and_sequences_take_every_integer_within_2_to_the_53_minus_1(svc: Running) -> None:
+    """PROTOCOL.md 10: values at and above 10^14 (which msgpack delivers to storage as 64-bit integers) up to
+    2^53 - 1 are accepted, whatever the field; beyond it BAD_REQUEST names the range."""
+    c, big, largest = svc.client, 10**15, 2**53 - 1
+    assert c.counter_cas("c-huge", 0, big).body["value"] == big
+    assert c.counter_add("c-huge", largest - big).body["value"] == largest
+    assert c.counter_add("c-huge", 1).status == "CONFLICT"
+    first = c.sequence_reserve("s-huge", 3, start=10**14).body
+    assert (first["first"], first["last"]) == (10**14, 10**14 + 2)
+    refused = c.counter_cas("c-huge", largest, 2**53)
+    assert refused.status == "BAD_REQUEST"
+    assert "9007199254740991" in refused.body["message"]
 
 
 def test_counter_objects_make_a_rate_limit(svc: Running) -> None:
@@ -258,7 +272,7 @@ def test_a_lock_whose_lease_passed_raises_lease_lost_at_the_end_of_the_block(svc
 
 HOLDER = """
 import sys, time
-from service.client import AsyncClient, Client
+from smartcache.client import AsyncClient, Client
 with Client(sys.argv[1]) as c:
     lock = c.lock(sys.argv[2], lease_ms=int(sys.argv[3]))
     lock.acquire()

@@ -33,7 +33,7 @@ from devtools.devstack import (
 )
 
 PORT_VARIABLES = tuple(DEFAULT_PORTS)
-LOGS = ("tarantool-1", "tarantool-2", "tarantool-3", "backend", "service")
+LOGS = ("etcd-1", "etcd-2", "etcd-3", "tarantool-1", "tarantool-2", "tarantool-3", "backend", "service")
 
 
 def _alive(pid: int) -> bool:
@@ -147,7 +147,7 @@ def test_make_run_moved_by_one_variable_serves_the_quick_start_shows_coloured_lo
         terminal.wait_for("Ctrl-C", proc)
         assert listen in terminal.text
         children = _children(proc.pid)
-        assert len(children) == 6  # etcd, three Tarantool instances (one elected), backend, service
+        assert len(children) == 8  # three etcd members, three Tarantool instances (one elected), backend, service
         assert "(leader)" in terminal.text  # the banner says who leads
         # the README's quick start, with nothing but SMARTCACHE_PORT_OFFSET set
         assert _cli(env, "ping")["status"] == "OK"
@@ -164,7 +164,7 @@ def test_make_run_moved_by_one_variable_serves_the_quick_start_shows_coloured_lo
         )
         assert roles == ["follower", "follower", "leader"]
         status = subprocess.run(
-            [sys.executable, "-m", "service.cli", "cluster", "status"],
+            [sys.executable, "-m", "smartcache.cli", "cluster", "status"],
             env=env,
             capture_output=True,
             text=True,

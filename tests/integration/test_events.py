@@ -21,11 +21,10 @@ import zmq
 import zmq.auth
 
 from devtools.devstack import Tarantool
-from service.client import Client, CurveKeys
-from service.errors import RequestError
-from service.parsers import parse_bulkheads
-from service.security import create_key_pair
-from service.subscriber import Event, Subscription
+from smartcache.client import Client, CurveKeys, Event, Subscription
+from smartcache.server.parsers import parse_bulkheads
+from smartcache.wire.errors import RequestError
+from smartcache.wire.keys import create_key_pair
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
 
@@ -46,7 +45,7 @@ def _publisher(r: Running) -> str:
 
 def _reading(r: Running) -> bool:
     """The instance's reader has started (it publishes from the head it found)."""
-    return r.service.events is not None and r.service.events.cursor is not None
+    return r.service.events is not None and bool(r.service.events.cursors)
 
 
 def _take(sub: Subscription, n: int, key_prefix: str, timeout_s: float = 10.0) -> list[Event]:
@@ -138,7 +137,7 @@ def test_cli_events_tail_prints_events_from_a_sequence_as_json_lines(svc: Runnin
     assert svc.service.events is not None
     args = ["--endpoint", svc.endpoint, "events", "tail", "--topic", topic, "--from", str(seqs[0])]
     args += ["--publishers", svc.service.events.endpoint, "--count", "2"]
-    cmd = [sys.executable, "-m", "service.cli", *args]
+    cmd = [sys.executable, "-m", "smartcache.cli", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
@@ -221,7 +220,7 @@ def test_waiting_readers_keep_to_their_bulkhead_while_sessions_pass(storage: Tar
 SUBSCRIBER = textwrap.dedent(
     """
     import os, sys
-    from service.client import Client
+    from smartcache.client import Client
     endpoint, publishers, topic, from_seq, out = sys.argv[1:6]
     fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     with Client(endpoint, timeout_s=5) as c:
@@ -293,3 +292,49 @@ def test_a_subscriber_killed_and_restarted_mid_stream_gets_every_event_once_in_o
     print(f"\nsubscriber killed after {killed_at} of {len(producer.acked)} events, restarted from {restart_from}")
     assert killed_at < len(producer.acked), "the kill came after the last event"
     assert got == producer.acked == sorted(producer.acked), "every event once, in order"
+
+
+# -- what PROTOCOL.md 11 says since a client author had to guess it -------------------------------------
+
+
+def test_an_event_published_without_key_or_payload_has_the_empty_key_and_a_nil_payload(svc: Running) -> None:
+    eventually(lambda: _reading(svc), what="the reader started")
+    topic = f"app.bare-{uuid.uuid4().hex[:8]}"
+    with svc.client.subscribe([topic], publishers=_publisher(svc)) as sub:
+        seq = svc.client.call("EVENT_PUBLISH", {"topic": topic}).body["seq"]
+        streamed = sub.poll(10)
+    read = svc.client.call("EVENTS_READ", {"after_seq": seq - 1, "limit": 1}).body["events"][0]
+    assert (read["seq"], read["key"], read["payload"]) == (seq, "", None)
+    assert streamed is not None
+    assert (streamed.seq, streamed.key, streamed.payload) == (seq, "", None)
+
+
+def test_a_cursor_beyond_the_head_is_answered_with_the_head_as_last_seq(svc: Running) -> None:
+    """A reader that sends last_seq back, as it MUST, then gets the events that come after the head."""
+    head = svc.client.call("EVENTS_READ").body["head_seq"]
+    r = svc.client.call("EVENTS_READ", {"after_seq": head + 1000}).body
+    assert (r["events"], r["last_seq"], r["head_seq"]) == ([], head, head)
+    seq = svc.client.event_publish("app.after-head", {"n": 1}).body["seq"]
+    r = svc.client.call("EVENTS_READ", {"after_seq": r["last_seq"], "topics": ["app.after-head"]}).body
+    assert seq in [e["seq"] for e in r["events"]]
+
+
+def test_a_session_expired_event_comes_at_the_deadline_whatever_the_longest_sweeper_sleep(tmp_path: Path) -> None:
+    """SC_SWEEP_MAX_SLEEP_S = 30: a 1 s session's session.expired came up to 30 s after its deadline (13 s,
+    as a client author saw it); a new session's deadline now wakes the sweeper."""
+    storage = Tarantool.create("sweep", tmp_path, extra_env={"SC_SWEEP_MAX_SLEEP_S": "30"})
+    try:
+        storage.start()
+        storage.wait_ready()
+        with running_service(service_settings(storage)) as r:
+            eventually(lambda: _reading(r), what="the reader started")
+            time.sleep(1.5)  # the sweeper's first nap on an empty space is the longest: 30 s
+            with r.client.subscribe(["session.expired"], publishers=_publisher(r)) as sub:
+                created = time.monotonic()
+                sid = str(r.client.session_create("client-sweep", ttl_s=1).session_id)
+                got = _take(sub, 1, sid, timeout_s=10)
+                took = time.monotonic() - created
+    finally:
+        storage.stop()
+    assert got[0].topic == "session.expired"
+    assert 1.0 <= took < 1.5, f"session.expired {took:.2f} s after a 1 s session was created"

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from service.client import Client
-from service.errors import RequestError
-from service.subscriber import Event, Subscription
+from smartcache.client import Client, Event, Subscription
+from smartcache.wire.errors import RequestError
 from tests.conftest import running_service, service_settings
 from tests.helpers import eventually
 from tests.integration.conftest_ha import TTL_S, HACluster, ha_cluster
@@ -82,7 +81,7 @@ def test_a_leader_failover_keeps_the_sequence_gap_free_and_loses_or_repeats_no_e
     with running_service(service_settings(ha.nodes["ha1"], tarantool=addresses, workers=20)) as r:
         events = r.service.events
         assert events is not None
-        eventually(lambda: events.cursor is not None, what="the reader started")
+        eventually(lambda: bool(events.cursors), what="the reader started")
         start = int(r.client.call("EVENTS_READ").body["head_seq"])
         sub = r.client.subscribe([topic], start + 1, publishers=events.endpoint)
         collector = Collector(sub)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from service.client import Client
-from service.errors import RequestError
+from smartcache.client import Client
+from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
 from tests.integration.conftest_ha import TTL_S, HACluster, WritableSampler, ha_cluster
@@ -113,7 +113,7 @@ def test_a_planned_switchover_pauses_writes_under_a_second_and_loses_nothing(ha:
             [
                 sys.executable,
                 "-m",
-                "service.cli",
+                "smartcache.cli",
                 "cluster",
                 "--tarantool",
                 addresses,

@@ -192,7 +192,13 @@ def test_sessions_are_synchronous_a_leader_without_followers_acknowledges_nothin
         eventually(partial(ha.answers, n, "NOT_FOUND", "session_get", sid))
 
 
-def test_an_old_leader_with_rows_nobody_has_is_diverged_until_rebuilt_by_rejoin(ha: HACluster) -> None:
+def test_an_old_leader_with_rows_nobody_has_is_diverged_until_rebuilt_by_rejoin(tmp_path: Path) -> None:
+    """SC_AUTO_REJOIN=false: the manual path (test_failover_dcs.py has the instance rebuilding itself)."""
+    with ha_cluster(tmp_path, SC_AUTO_REJOIN="false") as ha:
+        _diverged_until_rebuilt_by_rejoin(ha)
+
+
+def _diverged_until_rebuilt_by_rejoin(ha: HACluster) -> None:
     old = ha.leader()
     old_uuid = ha.role(old)["instance_uuid"]  # type: ignore[index]
     followers = [n for n in ha.nodes if n != old]
@@ -221,6 +227,7 @@ def test_an_old_leader_with_rows_nobody_has_is_diverged_until_rebuilt_by_rejoin(
 
     ha.restart(old)
     diverged = ha.wait_role(old, "diverged")
+    assert diverged["auto_rejoin"] is False
     assert diverged["writable"] is False
     assert diverged["read_only"] is True
     assert diverged["diverged"]

@@ -15,7 +15,7 @@ def test_info_shows_version_settings_without_secrets_queue_workers_storage_and_c
     with running_service(settings) as r:
         assert r.client.device_bind("dev-info", "client-info").ok
         out = subprocess.run(
-            [sys.executable, "-m", "service.cli", "--endpoint", r.endpoint, "info"],
+            [sys.executable, "-m", "smartcache.cli", "--endpoint", r.endpoint, "info"],
             check=False,
             capture_output=True,
             text=True,

@@ -26,11 +26,11 @@ import zmq
 from devtools.devstack import Tarantool, free_port
 from devtools.tcpproxy import DELAY_REPLIES, TcpProxy
 from loadtest.backend import Backend
-from service import logs
-from service.client import Client, Reply
-from service.errors import RequestError
-from service.handlers import HANDLERS, Context, Request
-from service.protocol import (
+from smartcache.client import Client, Reply
+from smartcache.server import logs
+from smartcache.server.handlers import Context, Request
+from smartcache.server.handlers.routes import ALL_HANDLERS
+from smartcache.wire import (
     FLAG_DATA_ERROR,
     FLAG_NO_REPLY,
     NO_SESSION,
@@ -42,6 +42,7 @@ from service.protocol import (
     encode_body,
     encode_header,
 )
+from smartcache.wire.errors import RequestError
 from tests.conftest import Running, SlowProbe, call, connect, running_service, service_settings
 from tests.helpers import eventually, metric
 
@@ -132,7 +133,7 @@ class Broken:
         if step == "raise-before-storage":
             raise RuntimeError("secret-customer-data")
         if step == "raise-after-storage":
-            await ctx.storage.call("device_lookup", ["x"])
+            await ctx.storage.call("device_lookup", ["x"], job=req.job)
             raise KeyError("secret-customer-data")
         if step == "no-status":
             return {"data": 1}
@@ -145,8 +146,8 @@ class Broken:
         if step == "hang-before-storage":
             await asyncio.Event().wait()
         if step == "hang-in-storage":
-            return await ctx.storage.call("debug_sleep", [2000])
-        return await ctx.storage.call("device_lookup", [step])
+            return await ctx.storage.call("debug_sleep", [2000], job=req.job)
+        return await ctx.storage.call("device_lookup", [step], job=req.job)
 
 
 @pytest.mark.parametrize(
@@ -166,7 +167,7 @@ class Broken:
 def test_a_failure_at_any_step_still_gets_exactly_one_answer_and_frees_the_slot(
     storage: Tarantool, step: str, expected: str
 ) -> None:
-    with running_service(service_settings(storage, workers=2), {**HANDLERS, "DEVICE_LOOKUP": Broken().lookup}) as r:
+    with running_service(service_settings(storage, workers=2), {**ALL_HANDLERS, "DEVICE_LOOKUP": Broken().lookup}) as r:
         sock = _dealer(r.endpoint)
         got = []
         try:
@@ -294,7 +295,7 @@ def test_storage_down_answers_storage_unavailable_at_once(tmp_path) -> None:
     """Not after the whole lifetime: the client's 2 s timeout is far below the 10 s lifetime."""
     nowhere = f"127.0.0.1:{free_port()}"
     settings = service_settings(Tarantool.create("none", tmp_path), tarantool=(nowhere,))
-    from service.app import Service
+    from smartcache.server.app import Service
 
     service = Service(settings)
     service.start()
@@ -318,7 +319,9 @@ def test_sigterm_stops_the_service_even_when_storage_was_never_reachable(tmp_pat
     }
     log_path = tmp_path / "service.log"
     with log_path.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "smartcache.server"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         eventually(lambda: b"service_started" in log_path.read_bytes(), timeout_s=20, what="service started")
         os.kill(proc.pid, signal.SIGTERM)
@@ -334,7 +337,7 @@ def test_internal_errors_show_an_error_id_not_exception_text_and_log_no_request_
     logs.configure("info", out, cache=False)
     try:
         with (
-            running_service(service_settings(storage), {**HANDLERS, "DEVICE_LOOKUP": Broken().lookup}) as r,
+            running_service(service_settings(storage), {**ALL_HANDLERS, "DEVICE_LOOKUP": Broken().lookup}) as r,
             pytest.raises(RequestError) as e,
         ):
             r.client.call("DEVICE_LOOKUP", {"device_id": "raise-before-storage", "note": "secret-body-field"})
@@ -551,18 +554,18 @@ def test_the_watchdog_answers_and_takes_back_a_slot_whose_worker_never_answers(s
         if req.body["device_id"] == "block":
             try:
                 time.sleep(2.5)  # blocks this worker thread's whole event loop
-                return await ctx.storage.call("debug_sleep", [100])
+                return await ctx.storage.call("debug_sleep", [100], job=req.job)
             finally:
                 blocked_done.set()
         running["now"] += 1
         running["max"] = max(running["max"], running["now"])
         try:
-            return await ctx.storage.call("debug_sleep", [100])
+            return await ctx.storage.call("debug_sleep", [100], job=req.job)
         finally:
             running["now"] -= 1
 
     settings = service_settings(storage, workers=1, worker_threads=1)
-    with running_service(settings, {**HANDLERS, "DEVICE_LOOKUP": blocking}) as r:
+    with running_service(settings, {**ALL_HANDLERS, "DEVICE_LOOKUP": blocking}) as r:
         with pytest.raises(RequestError) as e:
             r.client.call("DEVICE_LOOKUP", {"device_id": "block"}, lifetime_ms=300, timeout_s=5)
         assert e.value.transport_error == "OUTCOME_UNKNOWN"

@@ -53,7 +53,7 @@ def test_app_start_from_unknown_device_calls_nothing_and_answers_nothing(storage
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(a.endpoint)
         try:
-            from service.protocol import REGISTRY, Header, encode_body, encode_header
+            from smartcache.wire import REGISTRY, Header, encode_body, encode_header
 
             h = Header.request(REGISTRY.types["APP_START"].id, request_id=1)
             sock.send_multipart([encode_header(h), encode_body({"device_id": "never-seen"})])
@@ -147,7 +147,7 @@ def test_backend_failure_is_an_error_status_with_data_error(
 
 
 def test_internal_type_is_refused_from_clients(svc: Running) -> None:
-    from service.errors import RequestError
+    from smartcache.wire.errors import RequestError
 
     with pytest.raises(RequestError) as e:
         svc.client.call("PREWARM_FETCH", {"client_id": "x", "data_type": 1})

@@ -17,9 +17,9 @@ import zmq
 import zmq.auth
 
 from devtools.devstack import Tarantool, free_port
-from service.client import Client, CurveKeys
-from service.errors import RequestError, RequestTimeout
-from service.security import create_key_pair
+from smartcache.client import Client, CurveKeys
+from smartcache.wire.errors import RequestError, RequestTimeout
+from smartcache.wire.keys import create_key_pair
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
 
@@ -128,7 +128,9 @@ def test_sighup_reloads_the_keys_of_the_real_process(storage: Tarantool, keys: K
     first = keys.client("first")
     log_path = tmp_path / "svc.log"
     with log_path.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "smartcache.server"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         endpoint = f"tcp://127.0.0.1:{port}"
         with Client(endpoint, curve=first, timeout_s=1) as c:
@@ -192,7 +194,9 @@ def test_secrets_never_appear_in_logs_info_metrics_or_the_process_title(storage:
     }
     log_path = tmp_path / "svc.log"
     with log_path.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "smartcache.server"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         endpoint, metrics = env["SMARTCACHE_LISTEN"], f"http://127.0.0.1:{env['SMARTCACHE_METRICS_PORT']}/metrics"
         with Client(endpoint, timeout_s=1) as c:
@@ -226,7 +230,7 @@ def test_production_mode_refuses_each_unsafe_default(env: dict[str, str], named:
     full = {k: v for k, v in os.environ.items() if not k.startswith("SMARTCACHE_")}
     full.update({"SMARTCACHE_ENV": "production", "SMARTCACHE_METRICS_PORT": "0", **env})
     done = subprocess.run(
-        [sys.executable, "-m", "service"], env=full, capture_output=True, text=True, timeout=30, check=False
+        [sys.executable, "-m", "smartcache.server"], env=full, capture_output=True, text=True, timeout=30, check=False
     )
     assert done.returncode == 2
     assert "bad_settings" in done.stdout

@@ -15,8 +15,7 @@ import pytest
 import zmq
 
 from devtools.devstack import Tarantool
-from service.errors import RequestError
-from service.protocol import (
+from smartcache.wire import (
     FLAG_DATA_ERROR,
     REGISTRY,
     STATUS,
@@ -27,6 +26,7 @@ from service.protocol import (
     encode_body,
     encode_header,
 )
+from smartcache.wire.errors import RequestError
 from tests.conftest import Running, SlowProbe, running_service, service_process, service_settings
 from tests.helpers import eventually, metric
 
@@ -380,15 +380,15 @@ def test_log_lines_of_a_request_carry_its_request_id(storage: Tarantool) -> None
 
     import structlog
 
-    from service import logs
-    from service.handlers import HANDLERS
+    from smartcache.server import logs
+    from smartcache.server.handlers.routes import ALL_HANDLERS
 
     async def broken(req, ctx):
         raise RuntimeError("boom")
 
     out = io.StringIO()
     logs.configure("info", out, cache=False)
-    with running_service(service_settings(storage), {**HANDLERS, "DEVICE_LOOKUP": broken}) as r:
+    with running_service(service_settings(storage), {**ALL_HANDLERS, "DEVICE_LOOKUP": broken}) as r:
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(r.endpoint)

@@ -19,9 +19,9 @@ import structlog
 
 from devtools.devstack import Tarantool
 from devtools.tcpproxy import BLACKHOLE, PASS, TcpProxy
-from service import logs
-from service.client import Client, Reply
-from service.errors import RequestError
+from smartcache.client import Client, Reply
+from smartcache.server import logs
+from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
 from tests.integration.conftest_ha import HACluster, ha_cluster

@@ -1,4 +1,4 @@
-"""The clock offset estimator (service/clock.py): jitter never moves it far, a step is adopted at the
+"""The clock offset estimator (smartcache/server/storage/clock.py): jitter never moves it far, a step is adopted at the
 second sample after it (forward or backward), a single noisy sample changes nothing."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.clock import MAX_RTT_MS, ClockOffset, Sample, sample
+from smartcache.server.storage.clock import MAX_RTT_MS, ClockOffset, Sample, sample
 
 T0_S = 1_700_000_000.0  # our wall clock at the first ping
 PING_EVERY_S = 0.5

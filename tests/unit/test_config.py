@@ -2,8 +2,8 @@
 
 import pytest
 
-from service.config import DEFAULT_QUEUE_CAPACITY, DEFAULT_WORKERS, Settings, unknown_variables
-from service.parsers import SettingsError
+from smartcache.server.config import DEFAULT_QUEUE_CAPACITY, DEFAULT_WORKERS, Settings, unknown_variables
+from smartcache.server.parsers import SettingsError
 
 
 def test_defaults_without_environment() -> None:
@@ -105,6 +105,11 @@ def test_good_values_are_accepted(name: str, value: str, expected: object) -> No
         ({"SMARTCACHE_WORKERS": "4", "SMARTCACHE_WORKER_THREADS": "8"}, "SMARTCACHE_WORKER_THREADS"),
         ({"SMARTCACHE_INSTANCE_ID": "a/b"}, "SMARTCACHE_INSTANCE_ID"),
         ({"SMARTCACHE_INSTANCE_ID": "x" * 129}, "SMARTCACHE_INSTANCE_ID"),
+        ({"SMARTCACHE_CLUSTER": "prod"}, "SMARTCACHE_CLUSTER needs SMARTCACHE_ETCD"),
+        ({"SMARTCACHE_CLUSTER": "a/b", "SMARTCACHE_ETCD": "http://etcd:2379"}, "SMARTCACHE_CLUSTER"),
+        ({"SMARTCACHE_CLUSTER": "prod", "SMARTCACHE_ETCD": "ftp://etcd:2379"}, "SMARTCACHE_ETCD"),
+        ({"SMARTCACHE_CLUSTER": "prod", "SMARTCACHE_ETCD": "http://etcd"}, "SMARTCACHE_ETCD"),
+        ({"SMARTCACHE_CLUSTER": "prod", "SMARTCACHE_ETCD": "http://etcd:2379/v3"}, "SMARTCACHE_ETCD"),
         # a prewarm lease must outlive the backend call with its retries, and Tarantool grants at most 60 s
         ({"SMARTCACHE_BACKEND_TIMEOUT_S": "30", "SMARTCACHE_BACKEND_RETRIES": "2"}, "SMARTCACHE_BACKEND_RETRIES"),
     ],
@@ -141,3 +146,29 @@ def test_redacted_hides_secrets_and_shows_the_rest() -> None:
 def test_unknown_smartcache_variables_are_reported() -> None:
     env = {"SMARTCACHE_WORKER": "5", "SMARTCACHE_WORKERS": "5", "SMARTCACHE_ENDPOINT": "tcp://x:1", "HOME": "/root"}
     assert unknown_variables(env) == ["SMARTCACHE_WORKER"]
+
+
+def test_redacted_says_which_secrets_are_unset() -> None:
+    """INFO and the start-up log show "unset" for an empty secret and "***" for a set one, never a value."""
+    shown = Settings.from_env({"SMARTCACHE_METRICS_TOKEN": "t0ken"}).redacted()
+    assert shown["metrics_token"] == "***"
+    assert shown["curve_secret_key_file"] == "unset"
+
+
+def test_discovery_takes_the_etcd_endpoints_and_the_cluster_and_no_default_instance() -> None:
+    s = Settings.from_env({"SMARTCACHE_ETCD": "etcd-1:2379, http://etcd-2:2379/", "SMARTCACHE_CLUSTER": "prod"})
+    assert s.discovery
+    assert (s.etcd, s.cluster, s.tarantool) == (("http://etcd-1:2379", "http://etcd-2:2379"), "prod", ())
+
+
+def test_with_discovery_a_static_list_is_what_the_service_starts_with() -> None:
+    s = Settings.from_env(
+        {"SMARTCACHE_ETCD": "http://etcd:2379", "SMARTCACHE_CLUSTER": "prod", "SMARTCACHE_TARANTOOL": "t1:3301"}
+    )
+    assert (s.discovery, s.tarantool) == (True, ("t1:3301",))
+
+
+def test_smartcache_etcd_alone_is_the_clis_and_changes_nothing_for_the_service() -> None:
+    s = Settings.from_env({"SMARTCACHE_ETCD": "not even a url"})
+    assert (s.discovery, s.etcd, s.tarantool) == (False, (), ("127.0.0.1:3301",))
+    assert unknown_variables({"SMARTCACHE_ETCD": "x", "SMARTCACHE_CLUSTER": ""}) == []

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from service import logs
+from smartcache.server import logs
 
 
 class Terminal(io.StringIO):

@@ -8,16 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.errors import (
-    BadBody,
-    BadHeader,
-    BodyTooLarge,
-    ProtocolError,
-    UnknownSystem,
-    UnknownType,
-    UnsupportedVersion,
-)
-from service.protocol import (
+from smartcache.wire import (
     FLAG_DATA_ERROR,
     FLAG_NO_REPLY,
     HEADER_STRUCT,
@@ -35,6 +26,15 @@ from service.protocol import (
     with_flags,
     with_session,
     with_transport_error,
+)
+from smartcache.wire.errors import (
+    BadBody,
+    BadHeader,
+    BodyTooLarge,
+    ProtocolError,
+    UnknownSystem,
+    UnknownType,
+    UnsupportedVersion,
 )
 
 type_ids = st.sampled_from(sorted(REGISTRY.types_by_id))
@@ -272,3 +272,33 @@ def test_header_offsets_match_the_spec_table() -> None:
         "request_id": 12,
         "session_id": 20,
     }
+
+
+def test_every_client_message_type_has_a_typed_call_documented_from_the_registry() -> None:
+    """help(Client) reads well: each call says what its type does, its statuses and what it returns."""
+    import inspect
+
+    from smartcache import AsyncClient, Client
+
+    typed = {getattr(fn, "__sends__", None): name for name, fn in inspect.getmembers(Client, inspect.isfunction)}
+    wanted = {t.name for t in REGISTRY.types.values() if not t.internal}
+    own = {"APP_START": "app_start", "EVENT_PUBLISH": "event_publish", "EVENTS_READ": "subscribe"}
+    assert wanted - set(typed) - set(own) == set()
+    for type_name, name in typed.items():
+        if type_name is None:
+            continue
+        for cls, returns in ((Client, "Reply"), (AsyncClient, "asyncio.Future[Reply]")):
+            fn = getattr(cls, name)
+            assert fn.__doc__.startswith(f"{type_name}: {REGISTRY.types[type_name].doc}")
+            assert inspect.signature(fn).return_annotation == returns, (cls, name)
+
+
+def test_the_status_enums_are_the_registry_s_names_and_codes() -> None:
+    from smartcache import Status, TransportError
+
+    assert {s.value: s.code for s in Status if s is not Status.UNKNOWN} == {
+        n: c for n, c in REGISTRY.statuses.items() if n not in REGISTRY.storage_only_statuses
+    }
+    assert {e.value: e.code for e in TransportError if e is not TransportError.TIMEOUT} == dict(
+        REGISTRY.transport_errors
+    )

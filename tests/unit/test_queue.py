@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.queue import Holder, PriorityQueue, QueueFull
+from smartcache.server.broker.queue import Holder, PriorityQueue, QueueFull
 
 URGENT, NORMAL, LOW = 1, 2, 3  # type ids
 PRIORITIES = {URGENT: 0, NORMAL: 1, LOW: 3}

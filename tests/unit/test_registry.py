@@ -3,11 +3,10 @@
 import re
 from pathlib import Path
 
-from service import errors
-from service.metrics import BAD_INPUT_ERRORS
-from service.protocol import REGISTRY
-from service.routes import ALL_HANDLERS
-from service.storage import WRITES
+from smartcache.server.handlers.routes import ALL_HANDLERS
+from smartcache.server.metrics import BAD_INPUT_ERRORS
+from smartcache.server.storage.routing import WRITES
+from smartcache.wire import REGISTRY, errors
 
 MESSAGE_TYPES = {
     "PING",
@@ -77,7 +76,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lua_sources() -> str:
-    return "\n".join(p.read_text() for p in sorted((ROOT / "lua" / "smartcache").glob("*.lua")))
+    return "\n".join(p.read_text() for p in sorted((ROOT / "lua" / "smartcache").rglob("*.lua")))
 
 
 def test_every_protocol_error_class_names_a_registered_transport_error() -> None:
@@ -88,9 +87,9 @@ def test_every_protocol_error_class_names_a_registered_transport_error() -> None
 
 
 def test_every_transport_error_the_service_answers_with_is_registered() -> None:
-    """String literals passed to failure(), refuse(), _bad_input() and _answer_error() in service/."""
-    pattern = re.compile(r'(?:failure|refuse|_bad_input|_answer_error)\([^)]*?"([A-Z_]{4,})"', re.S)
-    used = {m for p in (ROOT / "service").glob("*.py") for m in pattern.findall(p.read_text())}
+    """String literals passed to failure(), refuse(), _bad_input() and error() in smartcache/."""
+    pattern = re.compile(r'(?:failure|refuse|_bad_input|\.error)\([^)]*?"([A-Z_]{4,})"', re.S)
+    used = {m for p in (ROOT / "smartcache").rglob("*.py") for m in pattern.findall(p.read_text())}
     assert {"QUEUE_FULL", "EXPIRED", "OUTCOME_UNKNOWN", "STORAGE_UNAVAILABLE", "INTERNAL"} <= used
     assert used <= set(REGISTRY.transport_errors), used - set(REGISTRY.transport_errors)
 
@@ -127,6 +126,8 @@ def test_write_types_take_an_idempotency_key_and_only_they() -> None:
         "SESSION_TOUCH",
         "SESSION_UPDATE",
         "SESSION_DELETE",
+        "SESSION_ROTATE",
+        "SESSION_DELETE_CLIENT",  # several transactions: its last stores the answer under the key
         "CACHE_PUT",
         "CACHE_DELETE",
         "DEVICE_BIND",

@@ -1,5 +1,6 @@
-"""Storage routing without I/O: when no election is coming (service/storage.py unreachable_leader), and a
-write waiting for storage that the deadline sweep cancels is answered as not executed, not left to EXPIRED."""
+"""Storage routing without I/O: when no election is coming (smartcache/server/storage/routing.py
+unreachable_leader), and a write waiting for storage that the deadline sweep cancels is answered as not
+executed, not left to EXPIRED."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from service.job import Job
-from service.storage import ER_WAL_IO, HEARD_AFTER_US_S, LEADER_HEARD_S, _wait_until, maybe_applied, unreachable_leader
+from smartcache.server.job import Job
+from smartcache.server.storage.instances import ER_WAL_IO, maybe_applied
+from smartcache.server.storage.routing import HEARD_AFTER_US_S, LEADER_HEARD_S, _wait_until, unreachable_leader
 
 LEADER, F1, F2 = "uuid-leader", "uuid-f1", "uuid-f2"
 
@@ -86,7 +88,7 @@ def test_what_a_stalled_follower_said_last_does_not_count() -> None:
 
 
 def _job(deadline: float) -> Job:
-    return Job(ticket=b"", header=b"", body=b"", deadline=deadline, deadline_ms=0.0)
+    return Job(ticket=b"", header=b"", body=b"", deadline=deadline)
 
 
 def test_a_wait_cancelled_by_the_deadline_sweep_returns_so_the_caller_answers_storage_unavailable() -> None:

@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 import zmq
 
-from service.client import Reply
-from service.errors import CursorTooOld, RequestError
-from service.events import event_frames, heartbeat_frames
-from service.protocol import REGISTRY, Header
-from service.subscriber import Event, Subscription
+from smartcache.client import Event, Reply, Subscription
+from smartcache.server.publisher import event_frames, heartbeat_frames
+from smartcache.wire import REGISTRY, Header
+from smartcache.wire.errors import CursorTooOld, RequestError
 
 _ENDPOINTS = (f"inproc://events-{i}" for i in itertools.count())
 
@@ -48,6 +47,7 @@ class FakeService:
             return self._reply({"status": 0, "events": [], "last_seq": head, "head_seq": head})
         if after < self.floor:
             return self._reply({"status": REGISTRY.statuses["CURSOR_TOO_OLD"], "oldest_seq": self.floor + 1})
+        after = min(after, head)  # PROTOCOL.md 11: a cursor beyond the head is read from the head
         out, last = [], after
         for e in self.log[after:]:
             last = e["seq"]
@@ -176,3 +176,20 @@ def test_events_dropped_by_retention_raise_cursor_too_old_never_a_silent_gap(pub
     with Subscription(svc, endpoint, from_seq=3) as sub, pytest.raises(CursorTooOld) as e:
         sub.poll(1)
     assert (e.value.cursor, e.value.oldest_seq) == (2, 7)
+
+
+def test_a_cursor_beyond_the_head_follows_the_head_the_service_answers(pub: Any) -> None:
+    """PROTOCOL.md 11: last_seq never passes head_seq, and the reader goes on from it: the events numbered
+    up to its old cursor, when they come, are new ones (a restored log, a from_seq ahead), never skipped."""
+    sock, endpoint = pub
+    svc = FakeService()
+    for _ in range(3):
+        svc.add("app.old")
+    with Subscription(svc, endpoint, from_seq=11) as sub:
+        _subscribed(sock)
+        assert sub.poll(0.1) is None
+        assert sub.cursor == 3
+        new = svc.add("app.new")  # seq 4: below the cursor the subscriber started with
+        sock.send_multipart(event_frames(**new))
+        (got,) = _drain(sub, 1)
+    assert (got.seq, got.topic) == (4, "app.new")

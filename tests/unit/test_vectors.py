@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from service.errors import ProtocolError
-from service.protocol import Header, decode_body, decode_header, encode_body, encode_header
+from smartcache.wire import Header, decode_body, decode_header, encode_body, encode_header
+from smartcache.wire.errors import ProtocolError
 
 VECTORS = json.loads((Path(__file__).parents[2] / "proto" / "vectors" / "vectors.json").read_text())
 

@@ -1,0 +1,218 @@
+"""smartcache-cli's operator commands: ``cluster`` (storage roles, switchover, rejoin) and ``keys`` (CURVE).
+
+They talk to Tarantool or write files, not to the service; main.py wires them
+in and prints what they return (one JSON object, the same exit codes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from smartcache.cli import etcd
+from smartcache.wire.buckets import MAX_BUCKETS
+from smartcache.wire.keys import create_key_pair
+from smartcache.wire.ports import CLUSTER_VARIABLE, default_etcd, default_tarantool
+
+COMMANDS = ("cluster", "keys")
+EXIT_OK, EXIT_STATUS, EXIT_BAD = 0, 1, 2
+Emit = Callable[[dict[str, Any]], None]
+
+
+def add_parsers(sub: Any) -> None:
+    """The operator subcommands, on smartcache-cli's subparsers."""
+    _cluster_parser(sub)
+    _keys_parser(sub)
+
+
+def run(a: argparse.Namespace, emit: Emit) -> int:
+    return _cluster(a, emit) if a.command == "cluster" else _keys(a, emit)
+
+
+def _cluster_parser(sub: Any) -> None:
+    cl = sub.add_parser(
+        "cluster",
+        help="the storage cluster: status, switchover, rejoin, members (talks to Tarantool, not the service)",
+        description="Ask every Tarantool instance its role (sc.role), or ask for a planned hand-over, a "
+        "rebuild or a membership change. Roles are decided by etcd, membership by the topology in etcd, which "
+        "only the leader changes; this only asks. Credentials: Tarantool's operator user, "
+        "$SMARTCACHE_OPERATOR_USER (default operator) and $SMARTCACHE_OPERATOR_PASSWORD or _FILE (development "
+        "default operator; Tarantool's SC_OPERATOR_PASSWORD).",
+    )
+    cl.add_argument(
+        "--tarantool",
+        default=default_tarantool(),
+        metavar="HOST:PORT,...",
+        help="every instance (default: $SMARTCACHE_TARANTOOL, else make run's; now %(default)s)",
+    )
+    cl.add_argument(
+        "--etcd",
+        default=default_etcd(),
+        metavar="URL,...",
+        help="etcd's client endpoints, for status (default: $SMARTCACHE_ETCD, else make run's three members; "
+        "now %(default)s; '' skips etcd)",
+    )
+    cl.add_argument(
+        "--cluster",
+        default=os.environ.get(CLUSTER_VARIABLE) or None,
+        metavar="NAME",
+        help="the cluster's name, SC_CLUSTER (default: $SMARTCACHE_CLUSTER, else what the instances report)",
+    )
+    ops = cl.add_subparsers(dest="operation", required=True, metavar="OPERATION", help="what to do")
+    ops.add_parser(
+        "status",
+        help="each instance: role, term, lease left, vclock, replication; who leads; the etcd members",
+        description="Exit 0 when exactly one instance may write, none is diverged or unreachable, and every etcd "
+        "member answers, is healthy and follows one leader (etcd is not asked when every instance runs "
+        "standalone, or with --etcd ''); else 1.",
+    )
+    so = ops.add_parser(
+        "switchover",
+        help="planned hand-over: the leader stops writing, the candidate catches up and takes the key",
+        description="Prints the measured write pause (pause_ms).",
+    )
+    so.add_argument("instance", nargs="?", help="the new leader, HOST:PORT or uuid (default: the most up to date)")
+    so.add_argument("--timeout-ms", type=int, default=5000, metavar="MS", help="how long the hand-over may take")
+    rj = ops.add_parser(
+        "rejoin",
+        help="rebuild an instance from the leader (its files are set aside first)",
+        description="For an instance that reports DIVERGED: it restarts empty and copies the leader.",
+    )
+    rj.add_argument("instance", help="the instance to rebuild, HOST:PORT or uuid")
+    rj.add_argument("--force", action="store_true", help="rebuild a follower that is not diverged too")
+    _members_parsers(ops)
+
+
+def _members_parsers(ops: Any) -> None:
+    """cluster init / add / remove: the topology in etcd, changed by the leader (lua/README.md, Topology)."""
+    ini = ops.add_parser(
+        "init",
+        help="the cluster's first topology: the live members become its members (idempotent)",
+        description="Without a topology SC_CLUSTER_SIZE makes the majority and every instance counts; with one, "
+        "its members do, and adding or removing one needs no restart. Refused while fewer than SC_CLUSTER_SIZE "
+        "members are live (--force: with those that are). The first add or remove makes it too.",
+    )
+    ini.add_argument("--force", action="store_true", help="make it of the live members even if some are missing")
+    ini.add_argument(
+        "--shards",
+        metavar="NAME,...",
+        help="make a sharded cluster instead: its bucket map in etcd (the buckets split over these shards, each a "
+        "replica set running as SC_CLUSTER=<cluster>.<shard>), and each shard's leader takes its buckets; "
+        "idempotent (docs/design/sharding.md)",
+    )
+    ini.add_argument(
+        "--buckets", type=int, default=1024, metavar="N", help="with --shards: how many buckets (1..65536; 1024)"
+    )
+    add = ops.add_parser(
+        "add",
+        help="make an instance a member: an empty instance waiting for it then joins the leader",
+        description="ADDRESS is the instance's advertised address (SC_ADVERTISE, default SC_LISTEN). Start the "
+        "instance before or after: until it is a member it waits, replicating from nobody.",
+    )
+    add.add_argument("address", help="HOST:PORT the instance advertises")
+    add.add_argument("--http-port", type=int, metavar="N", help="its operator HTTP port (default: from its record)")
+    add.add_argument("--not-eligible", action="store_true", help="a member that acknowledges writes, never leads")
+    rm = ops.add_parser(
+        "remove",
+        help="take a member out: it stops replicating and counting first, then leaves the list",
+        description="Refused for the leader (switch over first). Waits until the member replicates no more and "
+        "says it is unregistered, or is down; on a timeout it stays marked leaving (its acknowledgements no "
+        "longer count) and running remove again finishes.",
+    )
+    rm.add_argument("address", help="HOST:PORT of the member (as listed by cluster status)")
+    rm.add_argument("--timeout-ms", type=int, default=10000, metavar="MS", help="how long to wait for it to let go")
+
+
+def _cluster(a: argparse.Namespace, emit: Emit) -> int:
+    endpoints = etcd.endpoints_of(a.etcd)
+    try:
+        # The Tarantool connector comes with the server extra; the other commands need only the client's.
+        from smartcache.cli import cluster  # noqa: PLC0415
+    except ModuleNotFoundError as e:
+        if e.name != "tarantool":
+            raise
+        doc: dict[str, Any] = {
+            "error": "MISSING_PACKAGE",
+            "message": "cluster needs the server extra: pip install 'smartcache[server]'",
+        }
+        if a.operation == "status" and endpoints:  # etcd is asked with the standard library alone
+            doc["etcd"] = etcd.status(endpoints, a.timeout)
+        emit(doc)
+        return EXIT_BAD
+    access = cluster.Access(
+        addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
+        user=os.environ.get("SMARTCACHE_OPERATOR_USER") or "operator",
+        password=_secret("SMARTCACHE_OPERATOR_PASSWORD", "operator"),
+        timeout_s=a.timeout,  # per instance and etcd member: a frozen one is reported unreachable, not waited for
+        etcd=endpoints,
+        cluster=a.cluster,
+    )
+    try:
+        if a.operation == "status":
+            doc = cluster.status(access)
+            emit(doc)
+            return EXIT_OK if doc["healthy"] else EXIT_STATUS
+        if a.operation == "switchover":
+            doc = cluster.switchover(access, a.instance, a.timeout_ms)
+        elif a.operation == "rejoin":
+            doc = cluster.rejoin(access, a.instance, force=a.force)
+        elif a.operation == "init" and a.shards:
+            names = [x.strip() for x in a.shards.split(",") if x.strip()]
+            if not names or not 1 <= a.buckets <= MAX_BUCKETS or len(set(names)) != len(names):
+                emit({"error": "BAD_ARGUMENT", "message": f"--shards: distinct names; --buckets: 1..{MAX_BUCKETS}"})
+                return EXIT_BAD
+            doc = cluster.shards_init(access, names, a.buckets)
+        elif a.operation == "init":
+            doc = cluster.topology_init(access, force=a.force)
+        elif a.operation == "add":
+            doc = cluster.topology_add(access, a.address, http_port=a.http_port, eligible=not a.not_eligible)
+        else:
+            doc = cluster.topology_remove(access, a.address, a.timeout_ms)
+    except LookupError as e:
+        emit({"error": "NOT_FOUND", "message": str(e)})
+        return EXIT_BAD
+    emit(doc)
+    if "error" in doc:  # CONNECTION_LOST: the instance stopped answering during the call
+        return EXIT_BAD
+    return EXIT_OK if doc.get("status") == "OK" else EXIT_STATUS
+
+
+def _secret(name: str, default: str) -> str:
+    """NAME, or the content of the file NAME_FILE names (Docker secrets)."""
+    path = os.environ.get(name + "_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(name) or default
+
+
+def _keys_parser(sub: Any) -> None:
+    keys = sub.add_parser("keys", help="CURVE keys: generate a key pair for the service or a client")
+    kops = keys.add_subparsers(dest="operation", required=True, metavar="OPERATION", help="what to do")
+    gen = kops.add_parser(
+        "generate",
+        help="write NAME.key (public: give it to the other side) and NAME.key_secret (keep it) into DIR",
+        description="A client's NAME.key goes into the service's SMARTCACHE_CURVE_CLIENTS_DIR; the service's "
+        "NAME.key_secret is its SMARTCACHE_CURVE_SECRET_KEY_FILE, its NAME.key the clients' --server-key.",
+    )
+    gen.add_argument("directory", help="where to write the two files (created if missing)")
+    gen.add_argument("name", help="the key's name, e.g. front-1 or smartcache")
+    gen.add_argument(
+        "--permissions",
+        help="for a client key: what it may send, comma-separated type names (EVENTS_* wildcards) and groups "
+        "@read, @write, @operator (default: everything)",
+    )
+
+
+def _keys(a: argparse.Namespace, emit: Emit) -> int:
+    directory = Path(a.directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        public, secret = create_key_pair(directory, a.name, a.permissions)
+    except ValueError as e:
+        emit({"error": "BAD_ARGUMENT", "message": str(e)})
+        return EXIT_BAD
+    emit({"status": "OK", "public": str(public), "secret": str(secret)})
+    return EXIT_OK

@@ -1,0 +1,168 @@
+"""The typed calls, one per message type, shared by the blocking and the asyncio client.
+
+Each builds the body from keyword arguments and goes through ``call``; a
+client class fixes what ``call`` returns (a :class:`~smartcache.client.base.Reply`,
+or a future of one). The coordination types' calls are in
+:mod:`smartcache.client.coordination`.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from smartcache.client.base import SessionId, sends
+from smartcache.client.coordination import CoordinationHelpers
+
+R = TypeVar("R")
+
+
+class TypedCalls(CoordinationHelpers[R]):
+    """Typed helpers, one per message type; all go through ``call`` (coordination's in CoordinationHelpers)."""
+
+    @abstractmethod
+    def call(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> R: ...
+
+    @sends("PING")
+    def ping(self) -> R:
+        return self.call("PING")
+
+    @sends("INFO")
+    def info(self) -> R:
+        return self.call("INFO")
+
+    @sends(
+        "SESSION_CREATE",
+        "client_id: whose session; data: any msgpack value; ttl_s: seconds of idle life (storage's default "
+        "otherwise); session_id: choose the id yourself (else storage picks a UUID, on the reply's "
+        "session_id); max_sessions, limit_policy ('refuse' or 'evict_oldest'): the client's live "
+        "sessions after this one; device: a name SESSION_LIST shows.",
+    )
+    def session_create(
+        self,
+        client_id: str,
+        *,
+        data: Any = None,
+        ttl_s: int | None = None,
+        version: str | None = None,
+        session_id: SessionId | None = None,
+        max_sessions: int | None = None,
+        limit_policy: str | None = None,
+        device: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> R:
+        body = {
+            "client_id": client_id,
+            "data": data,
+            "ttl_s": ttl_s,
+            "version": version,
+            "max_sessions": max_sessions,
+            "limit_policy": limit_policy,
+            "device": device,
+            "idempotency_key": idempotency_key,
+        }
+        return self.call("SESSION_CREATE", body, session_id=session_id)
+
+    @sends(
+        "SESSION_GET",
+        "Reads refresh the session (sliding expiry). NOT_FOUND: missing or expired; the front server ends its session.",
+    )
+    def session_get(self, session_id: SessionId) -> R:
+        return self.call("SESSION_GET", session_id=session_id)
+
+    @sends("SESSION_TOUCH")
+    def session_touch(self, session_id: SessionId, *, idempotency_key: str | None = None) -> R:
+        return self.call("SESSION_TOUCH", {"idempotency_key": idempotency_key}, session_id=session_id)
+
+    @sends(
+        "SESSION_UPDATE",
+        "data replaces the whole value; or set (attribute -> value) and unset (attributes) change attributes of "
+        "map data in storage's transaction; expected_rev: compare-and-set on the revision a read returned "
+        "(CONFLICT carries the current one).",
+    )
+    def session_update(
+        self,
+        session_id: SessionId,
+        data: Any = None,
+        *,
+        set: Mapping[str, Any] | None = None,
+        unset: Sequence[str] | None = None,
+        expected_rev: int | None = None,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> R:
+        body = {
+            "data": data,
+            "set": dict(set) if set is not None else None,
+            "unset": list(unset) if unset is not None else None,
+            "expected_rev": expected_rev,
+            "version": version,
+            "idempotency_key": idempotency_key,
+        }
+        return self.call("SESSION_UPDATE", body, session_id=session_id)
+
+    @sends("SESSION_ROTATE", "At login: the reply's session_id is the new id; the old one is NOT_FOUND from now on.")
+    def session_rotate(self, session_id: SessionId, *, idempotency_key: str | None = None) -> R:
+        return self.call("SESSION_ROTATE", {"idempotency_key": idempotency_key}, session_id=session_id)
+
+    @sends("SESSION_DELETE_CLIENT", "keep: a session of the client that stays (the caller's own).")
+    def session_delete_client(
+        self, client_id: str, *, keep: SessionId | None = None, idempotency_key: str | None = None
+    ) -> R:
+        body = {"client_id": client_id, "except_current": True if keep is not None else None}
+        return self.call("SESSION_DELETE_CLIENT", {**body, "idempotency_key": idempotency_key}, session_id=keep)
+
+    @sends("SESSION_DELETE")
+    def session_delete(self, session_id: SessionId, *, idempotency_key: str | None = None) -> R:
+        return self.call("SESSION_DELETE", {"idempotency_key": idempotency_key}, session_id=session_id)
+
+    @sends("SESSION_LIST")
+    def session_list(self, client_id: str) -> R:
+        return self.call("SESSION_LIST", {"client_id": client_id})
+
+    @sends("CACHE_PUT", "session_id None: the global namespace; data_type: any number of yours; ttl_s: seconds.")
+    def cache_put(
+        self,
+        key: str,
+        data: Any,
+        *,
+        session_id: SessionId | None = None,
+        data_type: int | None = None,
+        ttl_s: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> R:
+        body = {"key": key, "data": data, "data_type": data_type, "ttl_s": ttl_s, "idempotency_key": idempotency_key}
+        return self.call("CACHE_PUT", body, session_id=session_id)
+
+    @sends("CACHE_GET", "NOT_FOUND: absent or expired.")
+    def cache_get(self, key: str, *, session_id: SessionId | None = None) -> R:
+        return self.call("CACHE_GET", {"key": key}, session_id=session_id)
+
+    @sends("CACHE_DELETE")
+    def cache_delete(self, key: str, *, session_id: SessionId | None = None, idempotency_key: str | None = None) -> R:
+        return self.call("CACHE_DELETE", {"key": key, "idempotency_key": idempotency_key}, session_id=session_id)
+
+    @sends("DEVICE_BIND")
+    def device_bind(self, device_id: str, client_id: str, *, idempotency_key: str | None = None) -> R:
+        body = {"device_id": device_id, "client_id": client_id, "idempotency_key": idempotency_key}
+        return self.call("DEVICE_BIND", body)
+
+    @sends("DEVICE_LOOKUP")
+    def device_lookup(self, device_id: str) -> R:
+        return self.call("DEVICE_LOOKUP", {"device_id": device_id})
+
+    @sends(
+        "PRODUCTS_GET",
+        "data_type: one of the service's SMARTCACHE_PREWARM_TYPES (1-4 by default: accounts, cards, deposits, loans).",
+    )
+    def products_get(self, client_id: str, data_type: int, *, version: str | None = None) -> R:
+        return self.call("PRODUCTS_GET", {"client_id": client_id, "data_type": data_type, "version": version})

@@ -1,0 +1,391 @@
+"""Storage sharded by client: which shard a call goes to, and what a refusal of storage means.
+
+docs/design/sharding.md is the design. A call's bucket comes from its own
+arguments, by the same rules storage applies (lua/smartcache/api.lua's ROUTE:
+the client id, a session id's bucket, a device id, an object's name, the cache
+key of the global namespace); the bucket map (etcd's ``/smartcache/<cluster>/buckets``)
+names the shard; the shard's :class:`~smartcache.server.storage.routing.Storage`
+sends it to that shard's leader. Storage is authoritative: a shard that does not
+hold the bucket answers ``WRONG_BUCKET`` having done nothing, and the call is sent
+again after the map is read again, while the message has time. So a stale map
+costs a retry, never a write in the wrong place.
+
+The worker's storage is a :class:`ShardRouter` when the service discovers its instances
+in etcd, and so is the events publisher's (a reader per shard's log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import structlog
+
+from smartcache.server.deadlines import STOP_GRACE_S
+from smartcache.server.job import Job
+from smartcache.server.storage.discovery import Discovery, DiscoveryError
+from smartcache.wire import buckets, topology
+from smartcache.wire.errors import StorageUnavailable
+
+log = structlog.get_logger("storage")
+
+#: how many times a call refused with WRONG_BUCKET is sent again (each after the map is read again)
+WRONG_BUCKET_RETRIES = 3
+#: version 4 session ids whose shard is remembered (they end with their sessions: ids made since carry a bucket)
+LOCATED_KEPT = 100_000
+#: how often the bucket map is read again from etcd (a refusal reads it at once)
+MAP_POLL_S = 1.0
+
+
+class ShardError(StorageUnavailable):
+    """No shard can take the call: the map names none for its bucket, or refusals went on past the retries.
+    Not executed (a WRONG_BUCKET refusal did nothing): answered STORAGE_UNAVAILABLE, safe to retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class BucketMap:
+    """etcd's bucket map: ``{"version", "buckets", "shards", "ranges": [[first, last, shard], ...]}``."""
+
+    version: int
+    buckets: int
+    shards: tuple[str, ...]
+    firsts: tuple[int, ...]
+    owners: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> BucketMap:
+        """The map from its JSON; ValueError saying what is wrong (every bucket must have one owner)."""
+        try:
+            doc = json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"the bucket map is not JSON: {e}") from e
+        if not isinstance(doc, dict):
+            raise ValueError("the bucket map is not a JSON object")  # noqa: TRY004 (a bad value, as the rest)
+        count, version, shards = doc.get("buckets"), doc.get("version"), doc.get("shards")
+        if not isinstance(count, int) or not 1 <= count <= buckets.MAX_BUCKETS:
+            raise ValueError(f"buckets must be 1..{buckets.MAX_BUCKETS}, not {count!r}")
+        if not isinstance(version, int) or version < 1:
+            raise ValueError(f"version must be a positive integer, not {version!r}")
+        if not isinstance(shards, list) or not shards or not all(isinstance(s, str) and s for s in shards):
+            raise ValueError("shards must be a list of shard names")
+        ranges = sorted(doc.get("ranges") or [], key=lambda r: r[0] if isinstance(r, list) and r else -1)
+        expected, firsts, owners = 0, [], []
+        for r in ranges:
+            if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and isinstance(r[1], int)):
+                raise ValueError(f"a range is [first, last, shard], not {r!r}")
+            first, last, shard = r
+            if first != expected or last < first or last >= count:
+                raise ValueError(f"the ranges must cover buckets 0..{count - 1} once, in order: {r!r} after {expected}")
+            if shard not in shards:
+                raise ValueError(f"range {r!r} names a shard the map does not list")
+            firsts.append(first)
+            owners.append(shard)
+            expected = last + 1
+        if expected != count:
+            raise ValueError(f"the ranges leave buckets {expected}..{count - 1} without a shard")
+        return cls(version, count, tuple(shards), tuple(firsts), tuple(owners))
+
+    def shard_of(self, bucket: int) -> str:
+        return self.owners[bisect.bisect_right(self.firsts, bucket) - 1]
+
+
+#: procedure -> (kind, index of the argument): 'key' routes by the argument's text, 'session' by a session id;
+#: the cache's calls route by the session when it is set, else by the key (the global namespace)
+_BY_FIRST_KEY = (
+    "session_list", "session_delete_client", "device_bind", "device_lookup",
+    "prewarm_acquire", "prewarm_complete", "prewarm_fail", "prewarm_wait",
+    "counter_get", "counter_add", "counter_cas", "register_get", "register_cas",
+    "sequence_reserve", "sequence_get", "semaphore_acquire", "semaphore_release", "semaphore_renew",
+    "semaphore_get", "latch_create", "latch_count_down", "latch_await", "latch_get",
+    "queue_put", "queue_take", "queue_ack", "queue_release", "queue_stats",
+)  # fmt: skip
+_BY_SESSION = ("session_get", "session_touch", "session_update", "session_delete", "session_rotate")
+ROUTE: Mapping[str, tuple[str, int]] = {
+    **dict.fromkeys(_BY_SESSION, ("session", 0)),
+    **dict.fromkeys(_BY_FIRST_KEY, ("key", 0)),
+    **dict.fromkeys(("cache_put", "cache_get", "cache_delete"), ("cache", 0)),
+    "session_create": ("key", 1),
+    "event_publish": ("key", 1),
+}
+
+
+def bucket_of_call(procedure: str, args: Sequence[Any], count: int) -> int | None:
+    """The call's bucket, or None: not about one key (PING, STATS, an event with no key), or a session id made
+    before sharding (it carries none: located by asking the shards)."""
+    route = ROUTE.get(procedure)
+    if route is None:
+        return None
+    kind, index = route
+    value = args[index] if index < len(args) else None
+    if kind == "cache":
+        if value:
+            kind = "session"
+        else:
+            kind, value = "key", args[1] if len(args) > 1 else None
+    if value is None or value == "":
+        return None
+    if kind == "session":
+        text = str(value).replace("-", "")
+        return buckets.session_bucket(bytes.fromhex(text)) if len(text) == 32 else None
+    return buckets.bucket_of(str(value), count)
+
+
+def _session_argument(procedure: str, args: Sequence[Any]) -> str | None:
+    """The session id a call is about, if it routes by one."""
+    route = ROUTE.get(procedure)
+    if route is None or route[0] not in ("session", "cache") or not args or not args[0]:
+        return None
+    return str(args[0])
+
+
+class ShardStorage(Protocol):
+    """What a shard's storage offers (routing.Storage does)."""
+
+    async def call(
+        self, procedure: str, args: list[Any], *, job: Job | None, idempotency_key: str | None = None
+    ) -> dict[str, Any]: ...
+
+
+class ShardedStorage:
+    """Routes each call to its bucket's shard; on WRONG_BUCKET reads the map again and sends it again."""
+
+    def __init__(
+        self,
+        shards: Mapping[str, ShardStorage],
+        bucket_map: BucketMap,
+        refresh: Callable[[], Awaitable[BucketMap]],
+        metrics: Any = None,
+    ) -> None:
+        self.shards = dict(shards)
+        self.map = bucket_map
+        self._refresh = refresh
+        self._metrics = metrics
+        self.refreshes = 0
+        self.wrong_buckets = 0
+        self._located: dict[str, str] = {}  # version 4 session id -> its shard, oldest first
+
+    async def shard_for(self, procedure: str, args: Sequence[Any], job: Job | None) -> str:
+        bucket = bucket_of_call(procedure, args, self.map.buckets)
+        if bucket is not None:
+            return self.map.shard_of(bucket)
+        session = _session_argument(procedure, args)
+        if session is not None:  # a version 4 id: it carries no bucket
+            found = await self._locate(session, job)
+            if found is not None:
+                return found
+        return self.map.shards[0]  # not about one key (or a session nobody has: answered NOT_FOUND there)
+
+    async def _locate(self, session: str, job: Job | None) -> str | None:
+        """The shard of a session id made before sharding: asked of every shard at once (sc.session_locate, a
+        read that writes nothing), remembered (LOCATED_KEPT ids) until a call there is refused."""
+        if session in self._located:
+            return self._located[session]
+        names = list(self.shards)
+        answers = await asyncio.gather(
+            *(self.shards[n].call("session_locate", [session], job=job) for n in names), return_exceptions=True
+        )
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, dict) and answer.get("status") == "OK":
+                bucket = answer.get("bucket")
+                shard = self.map.shard_of(bucket) if isinstance(bucket, int) else name
+                if len(self._located) >= LOCATED_KEPT:
+                    self._located.pop(next(iter(self._located)))
+                self._located[session] = shard
+                return shard
+        return None
+
+    async def call(
+        self, procedure: str, args: list[Any], *, job: Job | None, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        tries = 0
+        while True:
+            shard = await self.shard_for(procedure, args, job)
+            storage = self.shards.get(shard)
+            if storage is None:
+                raise ShardError(f"the bucket map names shard {shard!r}, which this service does not know")
+            result = await storage.call(procedure, args, job=job, idempotency_key=idempotency_key)
+            if result.get("status") != "WRONG_BUCKET":
+                return result
+            # Nothing was done there: read the map again and send it where it says, while the message has time.
+            self.wrong_buckets += 1
+            if self._metrics is not None:
+                self._metrics.storage_wrong_bucket.labels(shard).inc()
+            tries += 1
+            if tries > WRONG_BUCKET_RETRIES or (job is not None and job.deadline <= time.monotonic()):
+                raise ShardError(
+                    f"{procedure}: bucket {result.get('bucket')} refused by shard {shard} {tries} times"
+                    f" (map version {self.map.version})"
+                )
+            self.use(await self._refresh())
+            self.refreshes += 1
+            session = _session_argument(procedure, args)
+            if session is not None:
+                self._located.pop(session, None)
+
+    def use(self, found: BucketMap) -> None:
+        """Route by found, etcd's, from now on unless it is older (a read that raced a newer one never goes
+        back); at one version etcd's map is the one (a map held here that differs from it is wrong)."""
+        if found.version >= self.map.version and found != self.map:
+            self.map = found
+            if self._metrics is not None:
+                self._metrics.storage_bucket_map_version.set(found.version)
+
+
+class ShardRouter:
+    """What a worker holds as its storage when the service discovers its instances in etcd: at start it reads
+    the cluster's bucket map. None there: the cluster is one replica set, and ``call`` *is* that Storage's call
+    (the hot path gains no coroutine). A map: a Storage per shard (each discovering the shard's own members,
+    ``<cluster>.<shard>``) behind a :class:`ShardedStorage`."""
+
+    def __init__(self, *, settings: Any, metrics: Any, make_storage: Callable[[Any], Any]) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._make = make_storage
+        self._discovery = Discovery(endpoints=settings.etcd, cluster=settings.cluster)
+        self._reading: asyncio.Task[BucketMap] | None = None
+        self._poll: asyncio.Task[None] | None = None
+        self._waiting: asyncio.Task[None] | None = None
+        self.sharded: ShardedStorage | None = None
+        self.single: Any = None
+        self.call: Callable[..., Awaitable[dict[str, Any]]] = self._not_started
+
+    async def _not_started(self, procedure: str, *_: Any, **__: Any) -> dict[str, Any]:
+        raise ShardError(f"{procedure}: storage not started")
+
+    async def read_map(self) -> BucketMap | None:
+        raw = await self._discovery.bucket_map()
+        return None if raw is None else BucketMap.parse(raw)
+
+    async def _read_again(self) -> BucketMap:
+        found = await self.read_map()
+        if found is None:
+            raise ShardError("the bucket map is gone from etcd")
+        return found
+
+    async def _refresh(self) -> BucketMap:
+        """The map read again; calls refused at once share one read (a burst of refusals is one etcd read)."""
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read_again())
+        try:
+            return await asyncio.shield(self._reading)
+        except (DiscoveryError, ValueError) as e:
+            raise ShardError(f"the bucket map cannot be read again: {e}") from e
+
+    async def _poll_map(self) -> None:
+        """Read the map every MAP_POLL_S: a newer version is routed by (a refusal reads it at once too)."""
+        assert self.sharded is not None
+        failing = False
+        while True:
+            await asyncio.sleep(MAP_POLL_S)
+            try:
+                self.sharded.use(await self._refresh())
+            except ShardError as e:
+                if not failing:
+                    log.warning("bucket_map_unreadable", error=str(e), cluster=self._settings.cluster)
+                failing = True
+                continue
+            failing = False
+
+    async def start(self) -> None:
+        try:
+            found = await self.read_map()
+        except (DiscoveryError, ValueError) as e:
+            log.warning("bucket_map_unreadable", error=str(e), cluster=self._settings.cluster)
+            found = None
+        if found is None:
+            self.single = self._make(self._settings)
+            await self.single.start()
+            self.call = self.single.call
+            # A map made later (cluster init --shards after this service started, or etcd unreadable now):
+            # the service routes by it from then on, with no restart.
+            self._waiting = asyncio.ensure_future(self._await_map())
+            return
+        await self._shard(found)
+
+    async def _shard(self, found: BucketMap) -> None:
+        """Route by found from now on: a Storage per shard (each discovering the shard's members)."""
+        stores = {
+            s: self._make(replace(self._settings, cluster=topology.shard_cluster(self._settings.cluster, s)))
+            for s in found.shards
+        }
+        for store in stores.values():
+            await store.start()
+        self.sharded = ShardedStorage(stores, found, self._refresh, self._metrics)
+        self.call = self.sharded.call
+        if self._metrics is not None:
+            self._metrics.storage_bucket_map_version.set(found.version)
+        self._poll = asyncio.ensure_future(self._poll_map())
+        log.info("storage_sharded", shards=list(found.shards), buckets=found.buckets, map_version=found.version)
+
+    async def _await_map(self) -> None:
+        """Unsharded: read etcd every MAP_POLL_S for a bucket map; once there is one, shard (and keep the one
+        replica set's Storage for the calls under way, closed a grace period later)."""
+        while True:
+            await asyncio.sleep(MAP_POLL_S)
+            try:
+                found = await self.read_map()
+            except (DiscoveryError, ValueError):
+                continue
+            if found is not None:
+                break
+        single = self.single
+        await self._shard(found)
+        self.single = None
+        try:
+            await asyncio.sleep(STOP_GRACE_S)
+        finally:
+            if single is not None:
+                await single.close()
+
+    @property
+    def shard_names(self) -> tuple[str, ...] | None:
+        """The shards in the map's order, or None: one replica set."""
+        return self.sharded.map.shards if self.sharded is not None else None
+
+    async def call_on(self, shard: str, procedure: str, args: list[Any], *, job: Job | None) -> dict[str, Any]:
+        """A call about one shard as a whole (its event log): sent to that shard's leader, no bucket."""
+        store = self.stores.get(shard)
+        if store is None:
+            raise ShardError(f"{procedure}: no shard {shard!r} here (shards: {', '.join(self.stores)})")
+        result: dict[str, Any] = await store.call(procedure, args, job=job)
+        return result
+
+    @property
+    def stores(self) -> dict[str, Any]:
+        if self.sharded is not None:
+            return self.sharded.shards
+        return {"": self.single} if self.single is not None else {}
+
+    @property
+    def connected(self) -> bool:
+        stores = self.stores
+        return bool(stores) and all(s.connected for s in stores.values())
+
+    @property
+    def leader(self) -> Any:
+        """The one replica set's leader (unsharded), else the first shard's: for what has no key."""
+        stores = list(self.stores.values())
+        return stores[0].leader if stores else None
+
+    def describe(self) -> list[dict[str, Any]]:
+        out = []
+        for name, store in self.stores.items():
+            for row in store.describe():
+                out.append({**row, "shard": name} if name else row)
+        return out
+
+    async def close(self) -> None:
+        for task in (self._waiting, self._poll, self._reading):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        for store in self.stores.values():
+            await store.close()
+        await self._discovery.close()

@@ -1,0 +1,27 @@
+"""The README's Python example runs as a newcomer would paste it: against a running service, unchanged
+but for the endpoint."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import Running
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readmes_client_example_runs_against_the_service(svc: Running, tmp_path: Path) -> None:
+    (example,) = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert "tcp://127.0.0.1:5555" in example
+    script = tmp_path / "example.py"
+    script.write_text(example.replace("tcp://127.0.0.1:5555", svc.endpoint))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "{'step': 1}"
+    assert lines[1] == "{'amount': 100, 'to': 'DE89...'}"
+    assert lines[2] == "no wizard state yet"
+    assert lines[3] == "[" + ", ".join(["<Status.OK: 'OK'>"] * 10) + "]"
