@@ -31,6 +31,7 @@ import ctypes
 import datetime
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -103,22 +104,43 @@ class NotReady(Exception):
     """A child exited, or did not become ready in time, or we were asked to stop while waiting."""
 
 
-#: ports free_port handed out in this process: never twice (the kernel may hand a closed ephemeral port out again,
-#: and two instances of one test cluster got the same one once: the second could not listen)
+#: ports free_port handed out in this process: never twice
 _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
+_random = random.Random()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux's default if unreadable)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now, and not handed out before by this process."""
+    """A TCP port on 127.0.0.1 that is free right now, below the ephemeral range, not handed out before here.
+
+    Below the ephemeral range because a port the kernel chose (bind to 0) is one it may give, a moment
+    later, to an outgoing connection of any process as its local port: a server started on it then
+    fails with "Address already in use" (it did, once in CI: make run's metrics port was taken by a
+    connection between the children it had just started). Ports below the range are only ever taken
+    by a bind that names them.
+    """
+    low = _ephemeral_range()[0]
+    pool = (10_000, low - 1) if low > 12_000 else (low - 2_000, low - 1)
     with _handed_out_lock:
         while True:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = int(s.getsockname()[1])
-            if port not in _handed_out:
-                _handed_out.add(port)
-                return port
+            port = _random.randint(*pool)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:  # no SO_REUSEADDR: a port in TIME_WAIT is not taken either
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -18,12 +18,13 @@ test proves nothing) or a cache put through sc.cache_put (guarded: no divergence
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from devtools.devstack import free_port
 
 LEADER = r"""
 package.path = arg[4] .. '/?.lua;' .. package.path
@@ -138,24 +139,13 @@ os.exit(0)
 """
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _run(tmp_path: Path, mode: str) -> dict[str, Any]:
     lua = Path(__file__).resolve().parents[2] / "lua"
     (tmp_path / "leader.lua").write_text(LEADER)
     (tmp_path / "replica.lua").write_text(REPLICA)
     (tmp_path / "l").mkdir()
     (tmp_path / "r").mkdir()
-    lp, rp = _free_ports(2)
+    lp, rp = free_port(), free_port()
     leader = subprocess.Popen(
         ["tarantool", "leader.lua", f"127.0.0.1:{lp}", str(tmp_path / "l"), f"127.0.0.1:{rp}", str(lua), mode],
         cwd=tmp_path,

@@ -25,6 +25,7 @@ from typing import Any
 import asynctnt
 import structlog
 from asynctnt.exceptions import ErrorCode, TarantoolError
+from asynctnt.iproto import protocol
 
 from smartcache.server.config import Settings
 from smartcache.server.metrics import Metrics
@@ -74,6 +75,37 @@ UP, STALLED, DOWN = "up", "stalled", "down"
 STATES = (UP, STALLED, DOWN)
 
 
+class Connection(asynctnt.Connection):  # type: ignore[misc]
+    """asynctnt's connection, with the socket of a connect attempt that did not complete always closed.
+
+    asynctnt 2.4's ``connect()`` waits for Tarantool's greeting with a ``wait_for`` that closes the
+    transport on TimeoutError or an error, but not on CancelledError: when its own outer connect
+    timeout fires during that wait (a Tarantool that accepts and does not greet: loading, frozen), or
+    the keeper is cancelled at stop, the socket stays open until the garbage collector finds it (a
+    ResourceWarning in CI once). Each attempt's protocol is remembered here, and after ``connect()``
+    returns or raises, any transport it made that is not the connection's own is closed.
+    """
+
+    _attempts: list[Any]
+
+    def protocol_factory(self, connected_fut: Any, loop: Any, cls: Any = protocol.Protocol) -> Any:
+        made = super().protocol_factory(connected_fut, loop, cls)
+        self._attempts.append(made)
+        return made
+
+    async def connect(self) -> Connection:
+        self._attempts = []
+        try:
+            await super().connect()
+        finally:
+            attempts, self._attempts = self._attempts, []
+            for made in attempts:
+                transport = made.transport
+                if transport is not None and transport is not self._transport and not transport.is_closing():
+                    transport.close()
+        return self
+
+
 class Instance:
     """One Tarantool instance: its connection, kept alive and watched by a keeper task."""
 
@@ -83,7 +115,7 @@ class Instance:
         """on_role: called after each answer (or failure); searching(): True while no leader is known."""
         self.address = address
         host, _, port = address.rpartition(":")
-        self.conn = asynctnt.Connection(
+        self.conn = Connection(
             host=host,
             port=int(port),
             username=settings.tarantool_user,
