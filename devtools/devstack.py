@@ -110,7 +110,7 @@ _handed_out_lock = threading.Lock()
 _random = random.Random()
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def ephemeral_range() -> tuple[int, int]:
     """The kernel's range for the local ports of outgoing connections (Linux's default if unreadable)."""
     with contextlib.suppress(OSError, ValueError):
         low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
@@ -127,7 +127,7 @@ def free_port() -> int:
     connection between the children it had just started). Ports below the range are only ever taken
     by a bind that names them.
     """
-    low = _ephemeral_range()[0]
+    low = ephemeral_range()[0]
     pool = (10_000, low - 1) if low > 12_000 else (low - 2_000, low - 1)
     with _handed_out_lock:
         while True:

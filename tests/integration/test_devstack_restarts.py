@@ -25,6 +25,8 @@ from devtools.devstack import (
     DEFAULT_LISTEN_PORT,
     DEFAULT_PORTS,
     MAX_PORT_OFFSET,
+    SHARD_PORT_STEP,
+    ephemeral_range,
     listens,
     port_is_free,
 )
@@ -67,11 +69,20 @@ def _listener(pids: set[int], port: int) -> int | None:
     return next((p for p in pids if listens(p, port)), None)
 
 
+#: shards make run may be asked for here (SMARTCACHE_SHARDS): their ports step by SHARD_PORT_STEP
+MOVED_SHARDS = 3
+
+
 def _moved_env(var: Path) -> tuple[dict[str, str], int]:
+    """make run's environment on a random port offset whose every port (each shard's too) is free and below
+    the kernel's ephemeral range: a port there is never the local port of someone's outgoing connection."""
     clean = {k: v for k, v in os.environ.items() if k not in DEFAULT_PORTS and not k.startswith("SMARTCACHE_")}
+    base = [*DEFAULT_PORTS.values(), DEFAULT_LISTEN_PORT, DEFAULT_EVENTS_PORT]
+    every = [p + SHARD_PORT_STEP * k for p in base for k in range(MOVED_SHARDS)]
+    highest = min(MAX_PORT_OFFSET, ephemeral_range()[0] - 1 - max(every))
     for _ in range(100):
-        offset = random.randrange(20000, MAX_PORT_OFFSET)
-        if all(port_is_free(p + offset) for p in (*DEFAULT_PORTS.values(), DEFAULT_LISTEN_PORT, DEFAULT_EVENTS_PORT)):
+        offset = random.randrange(10000, highest)
+        if all(port_is_free(p + offset) for p in every):
             return {**clean, "SMARTCACHE_PORT_OFFSET": str(offset), "SMARTCACHE_VAR": str(var)}, offset
     raise AssertionError("no free offset")
 
