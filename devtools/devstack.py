@@ -127,11 +127,10 @@ def free_port() -> int:
     connection between the children it had just started). Ports below the range are only ever taken
     by a bind that names them.
     """
-    low = ephemeral_range()[0]
-    pool = (10_000, low - 1) if low > 12_000 else (low - 2_000, low - 1)
+    highest = ephemeral_range()[0] - 1
     with _handed_out_lock:
         while True:
-            port = _random.randint(*pool)
+            port = _random.randint(10_000, highest)
             if port in _handed_out:
                 continue
             with socket.socket() as s:  # no SO_REUSEADDR: a port in TIME_WAIT is not taken either

@@ -5,7 +5,7 @@ loading or frozen Tarantool does."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
 from asynctnt.exceptions import TarantoolError
@@ -62,10 +62,6 @@ def connection(port: int, timeout_s: float) -> Connection:
     )
 
 
-def run(test: Callable[[], object]) -> None:
-    asyncio.run(test())  # type: ignore[arg-type]
-
-
 def test_a_connect_that_times_out_waiting_for_the_greeting_closes_every_socket_it_opened() -> None:
     async def scene() -> None:
         async with silent_listener() as (port, readers, _):
@@ -81,7 +77,7 @@ def test_a_connect_that_times_out_waiting_for_the_greeting_closes_every_socket_i
             assert await closed_by_client(readers)
             assert not conn.is_connected
 
-    run(scene)
+    asyncio.run(scene())
 
 
 def test_a_connect_cancelled_while_waiting_for_the_greeting_closes_its_socket() -> None:
@@ -96,4 +92,4 @@ def test_a_connect_cancelled_while_waiting_for_the_greeting_closes_its_socket() 
             assert readers
             assert await closed_by_client(readers)
 
-    run(scene)
+    asyncio.run(scene())
