@@ -34,6 +34,7 @@ local quorum = require('smartcache.quorum')
 local memory = require('smartcache.memory')
 local compat = require('smartcache.compat')
 local buckets = require('smartcache.buckets')
+local moves = require('smartcache.moves')
 
 local M = {}
 
@@ -45,6 +46,11 @@ M.OPERATOR_ONLY = {['sc.switchover'] = true, ['sc.rejoin'] = true, ['sc.join_hol
                    ['sc.topology_init'] = true, ['sc.topology_add'] = true, ['sc.topology_remove'] = true,
                    ['sc.buckets_init'] = true}
 M.OPERATOR_TOO = {['sc.role'] = true, ['sc.stats'] = true, ['sc.ping'] = true}
+for _, name in ipairs({'buckets_held', 'bucket_state', 'bucket_rows', 'bucket_send_start', 'bucket_send_abort',
+                       'bucket_send_done', 'bucket_gc', 'bucket_recv_start', 'bucket_recv', 'bucket_recv_done',
+                       'bucket_recv_abort'}) do
+    M.OPERATOR_TOO['sc.' .. name] = true  -- the operator's moves, and the settler of every service instance
+end
 
 local function ping()
     return util.result('OK', {time_ms = util.now_ms(), read_only = box.info.ro})
@@ -106,6 +112,19 @@ local reads = {
     topology_remove = failover.topology_remove,
     -- Sharding: a shard takes its buckets (the operator, at cluster init --shards).
     buckets_init = buckets.init,
+    -- Moves of buckets between shards (smartcache.moves): each a checked transition of one bucket,
+    -- driven by the operator's command and by every service instance's settler.
+    buckets_held = moves.held,
+    bucket_state = moves.state,
+    bucket_rows = moves.rows,
+    bucket_send_start = moves.send_start,
+    bucket_send_abort = moves.send_abort,
+    bucket_send_done = moves.send_done,
+    bucket_gc = moves.gc,
+    bucket_recv_start = moves.recv_start,
+    bucket_recv = moves.recv,
+    bucket_recv_done = moves.recv_done,
+    bucket_recv_abort = moves.recv_abort,
 }
 
 -- Procedures that may wait (on a fiber.cond, outside any transaction) before
@@ -176,7 +195,10 @@ M.ROUTE = {
 -- Not about one key: the shard as a whole, or its failover and membership.
 M.UNROUTED = {ping = true, stats = true, session_locate = true, events_stats = true, events_read = true,
               role = true, switchover = true, rejoin = true, join_hold = true, topology_init = true,
-              topology_add = true, topology_remove = true, debug_sleep = true, buckets_init = true}
+              topology_add = true, topology_remove = true, debug_sleep = true, buckets_init = true,
+              buckets_held = true, bucket_state = true, bucket_rows = true, bucket_send_start = true,
+              bucket_send_abort = true, bucket_send_done = true, bucket_gc = true, bucket_recv_start = true,
+              bucket_recv = true, bucket_recv_done = true, bucket_recv_abort = true}
 
 -- WRONG_BUCKET (nothing done) unless this shard serves the call's bucket.
 local function misrouted(name, ...)

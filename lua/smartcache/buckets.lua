@@ -52,13 +52,12 @@ function M.session_id(v4, bucket)
         string.format('%x', bit.bor(bit.band(variant, 3), 8)) .. v4:sub(21)
 end
 
--- The bucket count of a sharded cluster (sc_meta 'bucket_count'), or nil: not sharded.
+-- The bucket count of a sharded cluster (sc_meta 'bucket_count', written by
+-- buckets_init), or nil: not sharded. A shard that holds no bucket (a new one
+-- before its first move, or one drained) is sharded all the same: it serves none.
 function M.count()
-    local space = box.space.sc_buckets
-    if space == nil or space:len() == 0 then
-        return nil
-    end
-    local t = box.space.sc_meta:get('bucket_count')
+    local meta = box.space.sc_meta
+    local t = meta ~= nil and meta:get('bucket_count') or nil
     return t and t[2] or nil
 end
 
@@ -94,8 +93,25 @@ function M.refusal(kind, value)
     if t ~= nil and t[2] == 'active' then
         return nil
     end
-    local owner = t ~= nil and t[2] == 'sent' and t[4] or nil
+    if t ~= nil and (t[2] == 'sending' or t[2] == 'receiving') then
+        return {status = 'BUCKET_MOVING', bucket = bucket}  -- paused for a moment: retryable, nothing done
+    end
+    local owner = t ~= nil and (t[2] == 'sent' or t[2] == 'garbage') and t[4] or nil
     return {status = 'WRONG_BUCKET', bucket = bucket, owner = owner or box.NULL}
+end
+
+-- The bucket a move is writing the rows of (smartcache.moves, while a chunk of a
+-- copy is written on the destination): the one write of a bucket not active here.
+M.receiving = nil
+-- True while buckets_init stamps the rows written before sharding (of every bucket).
+M.backfilling = false
+
+-- Raised by a write of a row whose bucket is not active here (a procedure that
+-- checked its bucket, then yielded while a move began): the transaction fails,
+-- nothing is written, and the caller is answered as for any failed write.
+local function not_active(bucket, status)
+    box.error({code = 0, reason = string.format('BUCKET_MOVING: bucket %d is %s here: nothing written', bucket,
+        status or 'not held')})
 end
 
 -- Every row of a sharded space records its bucket (schema version 7): the routing
@@ -122,15 +138,30 @@ end
 local function stamper(space_name)
     local pos = schema.F[space_name].bucket
     return function(_, new)
-        if new == nil or new[pos] ~= nil then
-            return new
+        if new == nil then
+            return new  -- deletes (expiry, a move's garbage) are never refused
         end
-        local count = M.count()  -- two lookups: cheaper than keeping it right across a truncate
+        local count = M.count()
         if count == nil then
             return new
         end
-        local b = M.of_row(space_name, new, count)
-        if b == nil then
+        local b = new[pos]
+        local stamped = b ~= nil
+        if not stamped then
+            b = M.of_row(space_name, new, count)
+            if b == nil then
+                return new
+            end
+        end
+        -- The fence of a move: this instance's own writes (not what replication applies) go to an active
+        -- bucket only, or to the bucket a move is receiving.
+        if b ~= M.receiving and not M.backfilling and box.session.type() ~= 'applier' then
+            local state = box.space.sc_buckets:get(b)
+            if state == nil or state[2] ~= 'active' then
+                not_active(b, state and state[2])
+            end
+        end
+        if stamped then
             return new
         end
         if #new >= pos - 1 then
@@ -202,11 +233,16 @@ function M.backfill()
             if #todo == 0 then
                 break
             end
-            box.atomic(function()
+            M.backfilling = true  -- rows of every bucket, held here or not (those not held wait for a move)
+            local ok, err = pcall(box.atomic, function()
                 for _, t in ipairs(todo) do
                     space:replace(t)
                 end
             end)
+            M.backfilling = false
+            if not ok then
+                error(err, 0)
+            end
             stamped = stamped + #todo
             fiber.yield()
         end
@@ -223,8 +259,8 @@ function M.init(count, held)
     if type(count) ~= 'number' or count ~= math.floor(count) or count < 1 or count > M.MAX_BUCKETS then
         return util.bad_request(string.format('count must be an integer in 1..%d', M.MAX_BUCKETS))
     end
-    if type(held) ~= 'table' or #held == 0 then
-        return util.bad_request('held must be a non-empty list of buckets')
+    if type(held) ~= 'table' then
+        return util.bad_request('held must be a list of buckets (empty: a new shard, which moves fill)')
     end
     local want = {}
     for _, b in ipairs(held) do
@@ -238,7 +274,7 @@ function M.init(count, held)
     end
     local r = util.atomic(function()
         local space = box.space.sc_buckets
-        if space:len() > 0 then
+        if M.count() ~= nil then
             local same = M.count() == count and space:len() == #held
             for _, b in ipairs(held) do
                 same = same and space:get(b) ~= nil
@@ -250,7 +286,7 @@ function M.init(count, held)
         end
         box.space.sc_meta:replace({'bucket_count', count})
         for _, b in ipairs(held) do
-            space:insert({b, 'active', 1, box.NULL})
+            space:insert({b, 'active', 1, box.NULL, util.now_ms()})
         end
         return util.result('OK', {created = true, buckets = #held})
     end)

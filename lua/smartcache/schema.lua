@@ -9,7 +9,7 @@ local quorum = require('smartcache.quorum')
 local M = {}
 
 -- Bump when a migration is added; stored in space sc_meta under 'schema_version'.
-M.VERSION = 7
+M.VERSION = 8
 
 M.FORMAT = {
     sc_meta = {
@@ -25,6 +25,9 @@ M.FORMAT = {
         {name = 'status', type = 'string'},
         {name = 'generation', type = 'unsigned'},
         {name = 'peer', type = 'string', is_nullable = true},
+        -- Version 8: when the bucket entered its status, or a move last made progress (ms since
+        -- epoch): the settler gives up a move that has made none for a while (smartcache.moves).
+        {name = 'since', type = 'unsigned', is_nullable = true},
     },
     sessions = {
         {name = 'id', type = 'string'},            -- canonical UUID text
@@ -236,6 +239,11 @@ migrations[7] = function()
         box.space[name]:create_index('by_bucket', {parts = {{'bucket', 'unsigned', is_nullable = true}},
                                                    unique = false, if_not_exists = true})
     end
+end
+
+-- Version 8: a bucket's row records since when it is in its status (smartcache.moves).
+migrations[8] = function()
+    box.space.sc_buckets:format(M.FORMAT.sc_buckets)
 end
 
 function M.current_version()

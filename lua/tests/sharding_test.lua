@@ -47,6 +47,12 @@ local function lens()
     return out
 end
 
+-- Not sharded: no buckets, no bucket count.
+local function unshard()
+    box.space.sc_buckets:truncate()
+    box.space.sc_meta:delete('bucket_count')
+end
+
 local function shard(active_except)
     box.space.sc_buckets:truncate()
     box.space.sc_meta:replace({'bucket_count', COUNT})
@@ -142,14 +148,14 @@ test:test('sharded: a new or rotated session id carries its client\'s bucket; a 
     local other = buckets.session_id(require('uuid').str(), (want + 1) % COUNT)
     local refused = sc.session_create(nil, other, NEAR, nil, 60, nil)
     t:is(refused.status, 'BAD_REQUEST', 'a chosen id of another bucket: ' .. tostring(refused.message))
-    box.space.sc_buckets:truncate()
+    unshard()
     t:is(buckets.of_session(sc.session_create(nil, nil, NEAR, nil, 60, nil).session_id), nil,
          'not sharded: version 4, as before')
 end)
 
 test:test('session_locate says where an id made before sharding lives, writing nothing', function(t)
     t:plan(4)
-    box.space.sc_buckets:truncate()
+    unshard()
     local old = helper.session(FAR)
     shard(buckets.of(FAR, COUNT))  -- its bucket is not here any more (the row stays, as before a move's garbage)
     local before = box.space.sessions:get(old)
@@ -181,12 +187,12 @@ test:test('sc.buckets_init: a shard takes its buckets once, synchronously', func
         guarded = guarded or name == 'sc_buckets'
     end
     t:ok(guarded, 'sc_buckets is written through the synchronous quorum (guarded) in HA')
-    box.space.sc_buckets:truncate()
+    unshard()
 end)
 
 test:test('every row of a sharded space records its bucket, written by the procedures', function(t)
     t:plan(17)
-    box.space.sc_buckets:truncate()
+    unshard()
     local before = helper.session(FAR)  -- written before sharding: no bucket until the backfill
     local schema = require('smartcache.schema')
     t:is(box.space.sessions:get(before)[schema.F.sessions.bucket], nil, 'not sharded: no bucket recorded')
@@ -227,7 +233,7 @@ test:test('every row of a sharded space records its bucket, written by the proce
          'a session\'s cache entry is in its client\'s bucket')
     t:is(#box.space.sessions.index.by_bucket:select({buckets.of(NEAR, COUNT)}),
          box.space.sessions.index.by_client:count({NEAR}), 'a bucket\'s sessions by the index: its client\'s')
-    box.space.sc_buckets:truncate()
+    unshard()
     local plain = sc.session_create(nil, nil, NEAR, nil, 60, nil)
     t:is(box.space.sessions:get(plain.session_id)[schema.F.sessions.bucket], nil, 'not sharded again: none')
 end)

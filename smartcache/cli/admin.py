@@ -84,6 +84,82 @@ def _cluster_parser(sub: Any) -> None:
     rj.add_argument("instance", help="the instance to rebuild, HOST:PORT or uuid")
     rj.add_argument("--force", action="store_true", help="rebuild a follower that is not diverged too")
     _members_parsers(ops)
+    _moves_parsers(ops)
+
+
+def _moves_parsers(ops: Any) -> None:
+    """cluster shard add / move / rebalance / drain / settle: moving buckets online (docs/resharding.md)."""
+    sh = ops.add_parser("shard", help="add a shard to a sharded cluster (it holds no bucket until rebalance)")
+    sh_ops = sh.add_subparsers(dest="shard_operation", required=True, metavar="OPERATION")
+    sh_add = sh_ops.add_parser(
+        "add",
+        help="the new shard joins the bucket map holding nothing; its leader learns the bucket count",
+        description="Start the shard's replica set first, each instance with SC_CLUSTER=<cluster>.<name>, and "
+        "wait until it has a leader; then add it here, and move buckets to it (rebalance).",
+    )
+    sh_add.add_argument("name", help="the shard's name (its instances run as SC_CLUSTER=<cluster>.<name>)")
+    mv = ops.add_parser("move", help="move one bucket to a shard (its calls paused while its rows are copied)")
+    mv.add_argument("bucket", type=int, help="the bucket, 0..buckets-1")
+    mv.add_argument("shard", help="the destination shard")
+    for name, text in (
+        ("rebalance", "move buckets until every shard holds as many (within one)"),
+        ("drain", "move every bucket of a shard to the others, evenly (before the shard is removed)"),
+    ):
+        p = ops.add_parser(
+            name,
+            help=text,
+            description=text + ". Prints progress on stderr and, at the end, "
+            "the rate in buckets/s and rows/s and the pause of calls per bucket (p50, p99, max).",
+        )
+        if name == "drain":
+            p.add_argument("shard", help="the shard to empty")
+        p.add_argument("--parallel", type=int, default=2, metavar="K", help="moves at once (default 2)")
+        p.add_argument(
+            "--pause-ms", type=int, default=0, metavar="MS",
+            help="wait after each move, per worker: throttles the moves so the front tier keeps its latency",
+        )  # fmt: skip
+        p.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
+    ops.add_parser(
+        "settle",
+        help="finish or give up the moves left half-done, once (every service instance does it every 5 s)",
+    )
+
+
+def _moves(a: argparse.Namespace, access: Any, emit: Emit) -> int:
+    from smartcache.cli import moves  # noqa: PLC0415 (the server extra: see _cluster)
+
+    try:
+        if a.operation == "shard":
+            doc = moves.shard_add(access, a.name)
+        elif a.operation == "settle":
+            links = moves.Links(access)
+            try:
+                doc = moves.settle(access, links)
+            finally:
+                links.close()
+        elif a.operation == "move":
+            links = moves.Links(access)
+            try:
+                doc = {"status": "OK", **moves.move(access, links, a.bucket, a.shard).as_dict()}
+            finally:
+                links.close()
+        else:
+            current, _ = moves.read_map(access)
+            away = [a.shard] if a.operation == "drain" else []
+            if away and away[0] not in current["shards"]:
+                emit({"error": "NOT_FOUND", "message": f"no shard {away[0]!r} (shards: {current['shards']})"})
+                return EXIT_BAD
+            plan = moves.plan_even(current, current["shards"], away=away)
+            if a.dry_run:
+                emit({"status": "OK", "moves": len(plan), "plan": [[b, s] for b, s in plan]})
+                return EXIT_OK
+            progress = moves.Progress(len(plan))
+            doc = moves.run_moves(access, plan, parallel=a.parallel, pause_s=a.pause_ms / 1000, progress=progress)
+    except (moves.MoveError, etcd.EtcdUnavailable) as e:
+        emit({"status": "MOVE_FAILED", "message": str(e)})
+        return EXIT_STATUS
+    emit(doc)
+    return EXIT_OK if doc.get("status") == "OK" else EXIT_STATUS
 
 
 def _members_parsers(ops: Any) -> None:
@@ -150,6 +226,11 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
         etcd=endpoints,
         cluster=a.cluster,
     )
+    if a.operation in ("shard", "move", "rebalance", "drain", "settle"):
+        if access.cluster is None:
+            emit({"error": "BAD_ARGUMENT", "message": "--cluster (or $SMARTCACHE_CLUSTER) names the sharded cluster"})
+            return EXIT_BAD
+        return _moves(a, access, emit)
     try:
         if a.operation == "status":
             doc = cluster.status(access)

@@ -61,6 +61,15 @@ class Access:
 @contextlib.contextmanager
 def _connect(access: Access, address: str, answer_timeout_s: float | None = None) -> Iterator[tarantool.Connection]:
     """A connection whose calls wait answer_timeout_s (default: the access timeout) for an answer."""
+    conn = connection(access, address, answer_timeout_s)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def connection(access: Access, address: str, answer_timeout_s: float | None = None) -> tarantool.Connection:
+    """A connected connection (the caller closes it); raises one of CONNECTION_ERRORS."""
     host, _, port = address.rpartition(":")
     conn = tarantool.Connection(
         host,
@@ -73,11 +82,8 @@ def _connect(access: Access, address: str, answer_timeout_s: float | None = None
         reconnect_max_attempts=0,
         fetch_schema=False,
     )
-    try:
-        conn.connect()
-        yield conn
-    finally:
-        conn.close()
+    conn.connect()
+    return conn
 
 
 def _call(
@@ -297,6 +303,12 @@ def _leader_now(access: Access) -> dict[str, Any]:
     leaders = [i for i in instances if i.get("role") in ("leader", "standalone") and i.get("writable")]
     leader = max(leaders, key=lambda i: i.get("term") or 0, default=None)
     return {"leader": leader["address"] if leader else None, "term": leader.get("term") if leader else None}
+
+
+def leader_of(access: Access) -> str | None:
+    """The address of the instance that leads now (None: none does)."""
+    leader: str | None = _leader_now(access)["leader"]
+    return leader
 
 
 def switchover(access: Access, candidate: str | None, timeout_ms: int) -> dict[str, Any]:

@@ -212,3 +212,45 @@ def create(endpoints: Sequence[str], key: str, value: bytes, timeout_s: float) -
         kvs = ((doc.get("responses") or [{}])[0].get("response_range") or {}).get("kvs") or []
         return (base64.b64decode(kvs[0].get("value", "")), False) if kvs else (value, False)
     raise EtcdUnavailable("; ".join(errors) or "no etcd endpoint given")
+
+
+def read_revision(endpoints: Sequence[str], key: str, timeout_s: float) -> tuple[bytes | None, int]:
+    """The key's value and its mod_revision ((None, 0) when absent), from the first endpoint that answers a
+    linearizable read. Raises EtcdUnavailable when none does."""
+    errors = []
+    for e in endpoints:
+        try:
+            code, doc = _request(e + "/v3/kv/range", {"key": _b64(key)}, timeout_s)
+        except (OSError, ValueError) as err:
+            errors.append(f"{e}: {_reason(err)}")
+            continue
+        if code != 200 or not isinstance(doc, dict):
+            errors.append(f"{e}: HTTP {code}")
+            continue
+        kvs = doc.get("kvs") or []
+        if not kvs:
+            return None, 0
+        return base64.b64decode(kvs[0].get("value", "")), int(kvs[0].get("mod_revision", 0))
+    raise EtcdUnavailable("; ".join(errors) or "no etcd endpoint given")
+
+
+def put_if(endpoints: Sequence[str], key: str, value: bytes, mod_revision: int, timeout_s: float) -> bool:
+    """Put key only if its mod_revision is still mod_revision (a compare-and-swap): whether it was put. A member
+    that does not answer is passed over for the next: if the swap happened there after all, the next compares
+    an older revision and answers False, and the caller reads the key again. Raises EtcdUnavailable."""
+    body = {
+        "compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
+        "success": [{"request_put": {"key": _b64(key), "value": base64.b64encode(value).decode()}}],
+    }
+    errors = []
+    for e in endpoints:
+        try:
+            code, doc = _request(e + "/v3/kv/txn", body, timeout_s)
+        except (OSError, ValueError) as err:
+            errors.append(f"{e}: {_reason(err)}")
+            continue
+        if code != 200 or not isinstance(doc, dict):
+            errors.append(f"{e}: HTTP {code}")
+            continue
+        return bool(doc.get("succeeded"))
+    raise EtcdUnavailable("; ".join(errors) or "no etcd endpoint given")

@@ -31,6 +31,7 @@ import structlog
 import zmq
 
 from smartcache import __version__
+from smartcache.cli import cluster, moves
 from smartcache.server import logs
 from smartcache.server.broker.broker import Broker, Guest
 from smartcache.server.config import Settings, unknown_variables
@@ -93,6 +94,23 @@ class Service:
             curve=self.curve,
         )
         self.metrics_port = 0
+        # Moves of buckets left half-done by their driver (a killed CLI, a failover) are finished or given up
+        # by every service instance (smartcache/cli/moves.py): each step is checked by storage, so many at once
+        # are safe, and no move waits for a person.
+        self.settler = (
+            moves.Settler(
+                cluster.Access(
+                    addresses=(),
+                    user=settings.tarantool_user,
+                    password=settings.tarantool_password,
+                    etcd=settings.etcd,
+                    cluster=settings.cluster,
+                ),
+                log=lambda result: log.info("buckets_settled", **result),
+            )
+            if settings.discovery
+            else None
+        )
 
     def start(self) -> None:
         s = self.settings
@@ -104,6 +122,8 @@ class Service:
             where = f"SMARTCACHE_METRICS_ADDR={s.metrics_addr} SMARTCACHE_METRICS_PORT={s.metrics_port}"
             raise StartError(f"{where}: {e.strerror or e}") from e
         self.pool.start()
+        if self.settler is not None:
+            self.settler.start()
         if self.curve is not None:
             self.curve.start()  # the ZAP handler answers before the client socket binds
         try:
@@ -178,6 +198,8 @@ class Service:
         """Drain the broker, then stop the workers (deliberate order: replies need both)."""
         self.broker.stop()  # 1. no new work; queued and running messages finish or are refused
         self.broker.join(self.settings.drain_timeout_s + JOIN_MARGIN_S)
+        if self.settler is not None:
+            self.settler.stop()
         self.pool.stop()  # 2. workers are idle now; close their storage connections
         self.pool.join(JOIN_MARGIN_S)
         if self.events is not None:

@@ -267,6 +267,12 @@ class Metrics:
             ["shard"],
             registry=r,
         )
+        self.storage_bucket_moving = Counter(
+            f"{p}_storage_bucket_moving_total",
+            "Calls a shard answered BUCKET_MOVING (their bucket paused while it moves; nothing done: sent again).",
+            ["shard"],
+            registry=r,
+        )
         self.storage_bucket_map_version = Gauge(
             f"{p}_storage_bucket_map_version",
             "The version of the bucket map the service routes by (0: one replica set, not sharded).",

@@ -41,6 +41,12 @@ WRONG_BUCKET_RETRIES = 3
 LOCATED_KEPT = 100_000
 #: how often the bucket map is read again from etcd (a refusal reads it at once)
 MAP_POLL_S = 1.0
+#: a call answered BUCKET_MOVING (its bucket paused while it moves) is sent again after this, doubling up to
+#: MOVING_BACKOFF_MAX_S, while the message has time
+MOVING_BACKOFF_S = 0.01
+MOVING_BACKOFF_MAX_S = 0.2
+#: buckets whose new owner a refusal named, routed there before the map says so (a move's map swap follows)
+MOVED_KEPT = 4096
 
 
 class ShardError(StorageUnavailable):
@@ -169,11 +175,13 @@ class ShardedStorage:
         self.refreshes = 0
         self.wrong_buckets = 0
         self._located: dict[str, str] = {}  # version 4 session id -> its shard, oldest first
+        self._moved: dict[int, str] = {}  # bucket -> the shard a refusal named as its owner (until the map does)
+        self.moving_waits = 0
 
     async def shard_for(self, procedure: str, args: Sequence[Any], job: Job | None) -> str:
         bucket = bucket_of_call(procedure, args, self.map.buckets)
         if bucket is not None:
-            return self.map.shard_of(bucket)
+            return self._moved.get(bucket) or self.map.shard_of(bucket)
         session = _session_argument(procedure, args)
         if session is not None:  # a version 4 id: it carries no bucket
             found = await self._locate(session, job)
@@ -203,14 +211,25 @@ class ShardedStorage:
     async def call(
         self, procedure: str, args: list[Any], *, job: Job | None, idempotency_key: str | None = None
     ) -> dict[str, Any]:
-        tries = 0
+        tries, backoff = 0, MOVING_BACKOFF_S
         while True:
             shard = await self.shard_for(procedure, args, job)
             storage = self.shards.get(shard)
             if storage is None:
                 raise ShardError(f"the bucket map names shard {shard!r}, which this service does not know")
             result = await storage.call(procedure, args, job=job, idempotency_key=idempotency_key)
-            if result.get("status") != "WRONG_BUCKET":
+            status = result.get("status")
+            if status == "BUCKET_MOVING":
+                # Paused while its rows are copied: nothing was done. Again in a moment, while the message has time.
+                self.moving_waits += 1
+                if self._metrics is not None:
+                    self._metrics.storage_bucket_moving.labels(shard).inc()
+                if job is not None and job.deadline <= time.monotonic() + backoff:
+                    raise ShardError(f"{procedure}: bucket {result.get('bucket')} still moving at the deadline")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MOVING_BACKOFF_MAX_S)
+                continue
+            if status != "WRONG_BUCKET":
                 return result
             # Nothing was done there: read the map again and send it where it says, while the message has time.
             self.wrong_buckets += 1
@@ -222,6 +241,15 @@ class ShardedStorage:
                     f"{procedure}: bucket {result.get('bucket')} refused by shard {shard} {tries} times"
                     f" (map version {self.map.version})"
                 )
+            bucket, owner = result.get("bucket"), result.get("owner")
+            if isinstance(bucket, int) and isinstance(owner, str) and owner in self.shards and owner != shard:
+                # The shard that sent the bucket names where it went: there at once (the map follows the move).
+                if len(self._moved) >= MOVED_KEPT:
+                    self._moved.pop(next(iter(self._moved)))
+                self._moved[bucket] = owner
+                continue
+            if isinstance(bucket, int):
+                self._moved.pop(bucket, None)
             self.use(await self._refresh())
             self.refreshes += 1
             session = _session_argument(procedure, args)
@@ -233,6 +261,7 @@ class ShardedStorage:
         back); at one version etcd's map is the one (a map held here that differs from it is wrong)."""
         if found.version >= self.map.version and found != self.map:
             self.map = found
+            self._moved.clear()  # the map has caught up with the moves a refusal named
             if self._metrics is not None:
                 self._metrics.storage_bucket_map_version.set(found.version)
 
@@ -266,7 +295,21 @@ class ShardRouter:
         found = await self.read_map()
         if found is None:
             raise ShardError("the bucket map is gone from etcd")
+        if self.sharded is not None:
+            await self._grow(found)
         return found
+
+    async def _grow(self, found: BucketMap) -> None:
+        """A shard the map names and this service has no Storage for yet (cluster shard add): one made and
+        started before the map is routed by."""
+        assert self.sharded is not None
+        for name in found.shards:
+            if name not in self.sharded.shards:
+                cluster = topology.shard_cluster(self._settings.cluster, name)
+                store = self._make(replace(self._settings, cluster=cluster))
+                await store.start()
+                self.sharded.shards.setdefault(name, store)
+                log.info("storage_shard_added", shard=name, map_version=found.version)
 
     async def _refresh(self) -> BucketMap:
         """The map read again; calls refused at once share one read (a burst of refusals is one etcd read)."""

@@ -1,0 +1,512 @@
+"""Moving buckets between shards: one bucket's move, the settling of moves left half-done, and plans.
+
+docs/design/resharding.md is the design and lua/README.md ("Moving a bucket") the
+states and transitions, each a compare-and-set that storage checks
+(lua/smartcache/moves.lua). This module only drives them, in the order that keeps
+a bucket active on at most one shard:
+
+1. source ``send_start`` (active -> sending, generation + 1: the bucket's calls are
+   answered BUCKET_MOVING from now on);
+2. destination ``recv_start`` (receiving at that generation);
+3. the rows, space by space, page by page (``bucket_rows`` -> ``bucket_recv``; each
+   chunk one synchronous transaction on the destination);
+4. source ``send_done`` (sending -> sent: calls answered WRONG_BUCKET naming the
+   destination);
+5. destination ``recv_done`` (receiving -> active: served there);
+6. the bucket map in etcd, by compare-and-swap on its revision;
+7. source ``gc`` (its copy deleted in batches, then its row).
+
+A failure before 4 gives the move up (source ``send_abort``: active again at a higher
+generation, so the destination's partial copy can never be made active; destination
+``recv_abort``). After 4 the move can only go forward. :func:`settle` finishes or
+gives up what a driver left (a killed CLI, a leader change, a partition), and every
+service instance runs it every few seconds (the ``Settler``), so no move needs a
+person to end. Any number of drivers may act on one bucket at once: each transition
+is checked by storage against the bucket's status and generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from smartcache.cli import cluster, etcd
+from smartcache.wire import topology
+
+#: the sharded spaces, in the order a bucket's rows are copied (a session before its cache entries: storage
+#: checks a cache entry's bucket by its session)
+SPACES = (
+    "sessions", "cache", "device", "prewarm", "counters", "registers", "sequences",
+    "semaphore_holders", "latches", "queue_tasks",
+)  # fmt: skip
+#: rows per chunk of a copy (storage takes up to 2,000)
+CHUNK = 1000
+#: a move that has made no progress for this long is given up by the settler (its driver is gone)
+STALL_S = 10.0
+#: how long a call looks for its shard's leader (a failover takes a TTL and a bit)
+LEADER_WAIT_S = 20.0
+LEADER_POLL_S = 0.3
+#: how long one call may take (a gc deletes a bucket's rows in batches)
+ANSWER_TIMEOUT_S = 30.0
+
+
+class MoveError(Exception):
+    """A move cannot go on: a shard without a leader, or a step refused; the message says which."""
+
+
+class NotSharded(MoveError):
+    """The cluster has no bucket map."""
+
+
+class Link:
+    """One shard's leader, kept connected; a call that finds it gone or no longer leading goes to the new one."""
+
+    def __init__(self, access: cluster.Access, shard: str) -> None:
+        assert access.cluster is not None
+        self.shard = shard
+        self.access = replace(access, cluster=topology.shard_cluster(access.cluster, shard), addresses=())
+        self.leader: str | None = None
+        self._conn: Any = None
+
+    def call(self, procedure: str, *args: Any) -> dict[str, Any]:
+        """sc.<procedure>(nil, *args) on the leader; NOT_LEADER and lost connections are retried for
+        LEADER_WAIT_S on whoever leads then. A call lost after it was sent may have happened: every
+        transition is safe to ask again (a repeat answers OK)."""
+        deadline = time.monotonic() + LEADER_WAIT_S
+        last = "no leader"
+        while True:
+            try:
+                if self._conn is None:
+                    self.leader = cluster.leader_of(self.access)
+                    if self.leader is None:
+                        raise MoveError(f"shard {self.shard}: no instance leads")
+                    self._conn = cluster.connection(self.access, self.leader, ANSWER_TIMEOUT_S)
+                result: dict[str, Any] = self._conn.call(f"sc.{procedure}", [None, *args]).data[0]
+                if result.get("status") != "NOT_LEADER":
+                    return result
+                last = f"{self.leader} answered NOT_LEADER"
+            except (*cluster.CONNECTION_ERRORS, MoveError) as e:
+                last = f"{type(e).__name__}: {e}"
+            self.close()
+            if time.monotonic() > deadline:
+                raise MoveError(f"shard {self.shard}: {procedure} not answered by a leader in {LEADER_WAIT_S:g} s"
+                                f" ({last})")  # fmt: skip
+            time.sleep(LEADER_POLL_S)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(*cluster.CONNECTION_ERRORS):
+                self._conn.close()
+            self._conn = None
+
+
+class Links(dict[str, Link]):
+    """A Link per shard, made on first use."""
+
+    def __init__(self, access: cluster.Access) -> None:
+        super().__init__()
+        self.access = access
+
+    def __missing__(self, shard: str) -> Link:
+        link = self[shard] = Link(self.access, shard)
+        return link
+
+    def close(self) -> None:
+        for link in self.values():
+            link.close()
+
+
+# --- the bucket map ---
+
+
+def read_map(access: cluster.Access) -> tuple[dict[str, Any], int]:
+    """etcd's bucket map and its mod_revision; MoveError when the cluster is not sharded."""
+    assert access.cluster is not None
+    raw, revision = etcd.read_revision(access.etcd, topology.buckets_key(access.cluster), access.timeout_s)
+    if raw is None:
+        raise NotSharded(f"cluster {access.cluster} has no bucket map: not sharded (cluster init --shards)")
+    doc: dict[str, Any] = json.loads(raw)
+    return doc, revision
+
+
+def owners(doc: dict[str, Any]) -> list[str]:
+    """The map as one owner per bucket."""
+    out = [""] * int(doc["buckets"])
+    for first, last, shard in doc["ranges"]:
+        out[first : last + 1] = [shard] * (last - first + 1)
+    return out
+
+
+def ranges_of(owner: Sequence[str]) -> list[list[Any]]:
+    """Owners per bucket as [first, last, shard] ranges."""
+    out: list[list[Any]] = []
+    for b, shard in enumerate(owner):
+        if out and out[-1][2] == shard and out[-1][1] == b - 1:
+            out[-1][1] = b
+        else:
+            out.append([b, b, shard])
+    return out
+
+
+def change_map(access: cluster.Access, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
+    """Apply change to the map by compare-and-swap (read, change, put if unchanged since; again on a race).
+    change returns the new map, or None when the map already says what it should."""
+    for _ in range(20):
+        doc, revision = read_map(access)
+        new = change(doc)
+        if new is None:
+            return doc
+        new["version"] = int(doc["version"]) + 1
+        assert access.cluster is not None
+        key = topology.buckets_key(access.cluster)
+        if etcd.put_if(access.etcd, key, json.dumps(new).encode(), revision, access.timeout_s):
+            return new
+    raise MoveError("the bucket map changed under every one of 20 compare-and-swaps")
+
+
+def assign(access: cluster.Access, buckets: dict[int, str]) -> dict[str, Any]:
+    """The map names these owners for these buckets (one swap for all)."""
+
+    def change(doc: dict[str, Any]) -> dict[str, Any] | None:
+        owner = owners(doc)
+        if all(owner[b] == s for b, s in buckets.items()):
+            return None
+        for b, s in buckets.items():
+            owner[b] = s
+        shards = list(doc["shards"]) + sorted(set(buckets.values()) - set(doc["shards"]))
+        return {**doc, "shards": shards, "ranges": ranges_of(owner)}
+
+    return change_map(access, change)
+
+
+# --- one move ---
+
+
+@dataclass
+class Moved:
+    """What one move did and how long calls of the bucket were paused."""
+
+    bucket: int
+    source: str
+    destination: str
+    rows: int = 0
+    paused_ms: float = 0.0
+    chunks: int = 0
+    steps: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bucket": self.bucket, "from": self.source, "to": self.destination, "rows": self.rows,
+                "paused_ms": round(self.paused_ms, 1), "chunks": self.chunks}  # fmt: skip
+
+
+def _ok(result: dict[str, Any], what: str) -> dict[str, Any]:
+    if result.get("status") != "OK":
+        raise MoveError(f"{what}: {result.get('status')}: {result.get('message') or result}")
+    return result
+
+
+def move(access: cluster.Access, links: Links, bucket: int, destination: str) -> Moved:
+    """Move bucket to destination, from the shard the map names; MoveError (the move given up, the bucket active
+    where it was) when a step before the source's send_done fails."""
+    doc, _ = read_map(access)
+    source = owners(doc)[bucket]
+    if source == destination:
+        raise MoveError(f"bucket {bucket} is on {destination} already")
+    src, dst = links[source], links[destination]
+    state = _ok(src.call("bucket_state", bucket), f"bucket {bucket} on {source}")
+    if state.get("status") != "active":
+        raise MoveError(f"bucket {bucket} is {state.get('status')} on {source}, not active: settle it first")
+    out = Moved(bucket, source, destination)
+    started = time.monotonic()
+    gen = int(_ok(src.call("bucket_send_start", bucket, destination, state["generation"]), "send_start")["generation"])
+    try:
+        _ok(dst.call("bucket_recv_start", bucket, source, gen), f"recv_start on {destination}")
+        for space in SPACES:
+            after = None
+            while True:
+                page = _ok(src.call("bucket_rows", bucket, gen, space, after, CHUNK), f"rows of {space}")
+                if page["rows"]:
+                    _ok(dst.call("bucket_recv", bucket, gen, space, page["rows"]), f"recv of {space}")
+                    out.rows += len(page["rows"])
+                    out.chunks += 1
+                if page["done"]:
+                    break
+                after = page["last"]
+        _ok(src.call("bucket_send_done", bucket, gen), "send_done")
+    except (MoveError, *cluster.CONNECTION_ERRORS) as e:
+        give_up(links, bucket, source, destination, gen)
+        raise MoveError(f"bucket {bucket} {source} -> {destination} given up, active on {source}: {e}") from e
+    # Past send_done the move only goes forward (a failure here is the settler's to finish).
+    _ok(dst.call("bucket_recv_done", bucket, gen), "recv_done")
+    out.paused_ms = (time.monotonic() - started) * 1000
+    assign(access, {bucket: destination})
+    _ok(src.call("bucket_gc", bucket, gen), "gc")
+    return out
+
+
+def give_up(links: Links, bucket: int, source: str, destination: str, generation: int) -> None:
+    """The source active again (at generation + 1), then the destination's copy deleted; each best-effort (the
+    settler does what is left)."""
+    with contextlib.suppress(MoveError, *cluster.CONNECTION_ERRORS):
+        links[source].call("bucket_send_abort", bucket, generation)
+    with contextlib.suppress(MoveError, *cluster.CONNECTION_ERRORS):
+        links[destination].call("bucket_recv_abort", bucket, generation)
+
+
+# --- settling what drivers left ---
+
+
+def settle(access: cluster.Access, links: Links, *, stall_s: float = STALL_S) -> dict[str, Any]:
+    """One pass over every shard: finish the moves past send_done, give up those stalled before it, delete stale
+    copies, collect garbage, and make the map name the shard each bucket is active on. Returns what it did."""
+    doc, _ = read_map(access)
+    did: list[str] = []
+    held: dict[str, dict[str, Any]] = {}
+    for shard in doc["shards"]:
+        try:
+            held[shard] = _ok(links[shard].call("buckets_held"), f"buckets of {shard}")
+        except MoveError as e:
+            did.append(f"{shard} not asked: {e}")
+    active_on: dict[int, str] = {}
+    for shard, h in held.items():
+        for b in h["active"]:
+            active_on[b] = shard
+
+    def peer_state(shard: str, bucket: int) -> dict[str, Any] | None:
+        if shard not in doc["shards"] and shard not in held:
+            return None
+        try:
+            return _ok(links[shard].call("bucket_state", bucket), f"bucket {bucket} on {shard}")
+        except MoveError:
+            return None
+
+    owner = owners(doc)
+    for shard, h in held.items():
+        now_ms = h["now_ms"]
+        for m in h["moving"]:
+            b, status, gen, peer = m["bucket"], m["status"], m["generation"], m.get("peer")
+            if not peer:
+                continue
+            other = peer_state(peer, b)
+            if other is None:
+                continue
+            o_status, o_gen = other.get("status"), other.get("generation")
+            if status == "sending":
+                quiet_ms = now_ms - max(m.get("since") or 0, other.get("since") or 0)
+                if quiet_ms > stall_s * 1000:
+                    give_up(links, b, shard, peer, gen)
+                    did.append(f"bucket {b} {shard} -> {peer}: given up after {quiet_ms / 1000:.0f} s without progress")
+            elif status in ("sent", "garbage"):
+                if o_status == "receiving" and o_gen == gen:
+                    _ok(links[peer].call("bucket_recv_done", b, gen), "recv_done")
+                    active_on[b] = peer
+                    did.append(f"bucket {b} {shard} -> {peer}: made active on {peer} (the source was sent)")
+                    o_status = "active"
+                if o_status == "active" and o_gen == gen:
+                    if owner[b] != peer:
+                        assign(access, {b: peer})
+                        owner[b] = peer
+                    _ok(links[shard].call("bucket_gc", b, gen), "gc")
+                    did.append(f"bucket {b}: garbage on {shard} deleted")
+            elif status == "receiving":
+                stale = o_gen is not None and (o_gen > gen or (o_gen == gen and o_status == "active"))
+                if o_status is None or (stale and o_status in ("active", "sending")):
+                    _ok(links[shard].call("bucket_recv_abort", b, gen), "recv_abort")
+                    did.append(f"bucket {b}: a stale copy on {shard} (generation {gen}) deleted")
+    wrong = {b: s for b, s in active_on.items() if owner[b] != s}
+    if wrong:
+        assign(access, wrong)
+        did.append(f"the map names the shard {len(wrong)} bucket(s) are active on: {sorted(wrong)[:10]}")
+    return {"status": "OK", "did": did, "map_version": doc["version"]}
+
+
+# --- plans ---
+
+
+def plan_even(doc: dict[str, Any], shards: Sequence[str], *, away: Sequence[str] = ()) -> list[tuple[int, str]]:
+    """Moves (bucket, destination) that leave the shards holding the buckets evenly by count (within one), every
+    bucket of away moved to the others; the fewest moves (a shard gives only what it holds above its share)."""
+    owner = owners(doc)
+    keep = [s for s in shards if s not in away]
+    if not keep:
+        raise MoveError("no shard would be left to hold the buckets")
+    held: dict[str, list[int]] = {s: [] for s in keep}
+    pool: list[int] = []
+    for b, s in enumerate(owner):
+        held.get(s, pool).append(b)
+    base, extra = divmod(len(owner), len(keep))
+    by_size = sorted(keep, key=lambda x: -len(held[x]))
+    target = {s: base + (1 if i < extra else 0) for i, s in enumerate(by_size)}
+    for s in keep:
+        while len(held[s]) > target[s]:
+            pool.append(held[s].pop())
+    moves: list[tuple[int, str]] = []
+    for b in pool:
+        s = max(keep, key=lambda x: target[x] - len(held[x]))
+        held[s].append(b)
+        moves.append((b, s))
+    return moves
+
+
+class Progress:
+    """A progress line on stderr: done/total, buckets/s and rows/s, time left."""
+
+    def __init__(self, total: int, out: Any = None) -> None:
+        self.total, self.done, self.rows, self.failed = total, 0, 0, 0
+        self.started = time.monotonic()
+        self.out = out if out is not None else sys.stderr
+        self.lock = threading.Lock()
+        self._shown = 0.0
+
+    def add(self, moved: Moved | None) -> None:
+        with self.lock:
+            self.done += 1
+            if moved is None:
+                self.failed += 1
+            else:
+                self.rows += moved.rows
+            now = time.monotonic()
+            if now - self._shown >= 1.0 or self.done == self.total:
+                self._shown = now
+                self.out.write(self.line() + ("\n" if self.done == self.total else "\r"))
+                self.out.flush()
+
+    def line(self) -> str:
+        took = max(time.monotonic() - self.started, 1e-6)
+        rate = self.done / took
+        left = (self.total - self.done) / rate if rate > 0 else 0.0
+        width = 30
+        filled = int(width * self.done / max(self.total, 1))
+        return (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} buckets, "
+                f"{rate:.1f} buckets/s, {self.rows / took:.0f} rows/s, {left:.0f} s left"
+                + (f", {self.failed} given up" if self.failed else ""))  # fmt: skip
+
+
+def run_moves(
+    access: cluster.Access,
+    moves: Sequence[tuple[int, str]],
+    *,
+    parallel: int = 2,
+    pause_s: float = 0.0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Do the moves, at most parallel at once (each worker its own connections), pause_s between one worker's
+    moves (throttling, so the front tier keeps its latency). Returns the totals and the pause per bucket."""
+    results: list[Moved] = []
+    errors: list[str] = []
+    todo = list(moves)
+    lock = threading.Lock()
+    started = time.monotonic()
+
+    def worker() -> None:
+        links = Links(access)
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    bucket, destination = todo.pop(0)
+                try:
+                    moved = move(access, links, bucket, destination)
+                except (MoveError, etcd.EtcdUnavailable) as e:
+                    with lock:
+                        errors.append(str(e))
+                    if progress is not None:
+                        progress.add(None)
+                    continue
+                with lock:
+                    results.append(moved)
+                if progress is not None:
+                    progress.add(moved)
+                if pause_s > 0:
+                    time.sleep(pause_s)
+        finally:
+            links.close()
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        for f in [pool.submit(worker) for _ in range(max(1, min(parallel, len(todo))))]:
+            f.result()
+    took = time.monotonic() - started
+    pauses = sorted(m.paused_ms for m in results)
+
+    def pct(p: float) -> float:
+        return round(pauses[min(len(pauses) - 1, int(p * len(pauses)))], 1) if pauses else 0.0
+
+    rows = sum(m.rows for m in results)
+    return {
+        "status": "OK" if not errors else "INCOMPLETE",
+        "moved": len(results),
+        "given_up": len(errors),
+        "errors": errors[:20],
+        "rows": rows,
+        "seconds": round(took, 1),
+        "buckets_per_s": round(len(results) / took, 2) if took > 0 else None,
+        "rows_per_s": round(rows / took) if took > 0 else None,
+        "paused_ms": {"p50": pct(0.5), "p99": pct(0.99), "max": pauses[-1] if pauses else 0.0},
+    }
+
+
+def shard_add(access: cluster.Access, name: str) -> dict[str, Any]:
+    """A new shard (its replica set running as SC_CLUSTER=<cluster>.<name>) joins the map holding no bucket, and
+    its leader learns the bucket count; rebalance then fills it."""
+    doc, _ = read_map(access)
+    link = Link(access, name)
+    try:
+        init = link.call("buckets_init", doc["buckets"], [])
+    finally:
+        link.close()
+    if init.get("status") != "OK":
+        return {"status": init.get("status"), "message": f"shard {name}: {init.get('message') or init}"}
+
+    def change(d: dict[str, Any]) -> dict[str, Any] | None:
+        return None if name in d["shards"] else {**d, "shards": [*d["shards"], name]}
+
+    new = change_map(access, change)
+    return {"status": "OK", "shard": name, "shards": new["shards"], "map_version": new["version"]}
+
+
+class Settler:
+    """Runs :func:`settle` every interval_s in a thread of its own (every service instance has one, so a move
+    whose driver died is finished or given up with no person); stopped by stop()."""
+
+    def __init__(self, access: cluster.Access, interval_s: float = 5.0, log: Callable[..., None] | None = None):
+        self.access = access
+        self.interval_s = interval_s
+        self._log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bucket-settler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        links = Links(self.access)
+        failing = ""
+        try:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    result = settle(self.access, links)
+                except NotSharded:
+                    continue  # one replica set: nothing moves (a map made later is settled from then on)
+                except (MoveError, etcd.EtcdUnavailable, *cluster.CONNECTION_ERRORS, KeyError, ValueError) as e:
+                    error = f"{type(e).__name__}: {e}"
+                    if error != failing and self._log is not None:  # once per kind of failure, not every pass
+                        self._log({"status": "ERROR", "did": [error]})
+                    failing = error
+                    continue
+                failing = ""
+                if result.get("did") and self._log is not None:
+                    self._log(result)
+        finally:
+            links.close()
