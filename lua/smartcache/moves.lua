@@ -2,7 +2,8 @@
 -- bucket", lists the states and every transition with who makes it and what each
 -- failure leaves; docs/design/resharding.md is the design.
 --
--- A bucket's row in sc_buckets is {id, status, generation, peer, since}. Every
+-- A bucket's row in sc_buckets is {id, status, generation, peer, since}; answers
+-- call its status `state` (`status` is the answer's own). Every
 -- transition is one synchronous transaction on the shard's leader that checks
 -- the row's status and generation first (a compare-and-set), so a repeat of a
 -- transition already made answers OK and a transition from the wrong state or
@@ -34,9 +35,9 @@ local STATUS, GEN, PEER, SINCE = 2, 3, 4, 5
 
 local function describe(t)
     if t == nil then
-        return {status = box.NULL}
+        return {state = box.NULL}
     end
-    return {status = t[STATUS], generation = t[GEN], peer = t[PEER] or box.NULL, since = t[SINCE] or box.NULL}
+    return {state = t[STATUS], generation = t[GEN], peer = t[PEER] or box.NULL, since = t[SINCE] or box.NULL}
 end
 
 local function answer(status, bucket, t, fields)
@@ -122,8 +123,9 @@ function M.state(bucket)
     return answer('OK', bucket, t, {rows = rows, now_ms = util.now_ms()})
 end
 
--- sc.buckets_held(): the buckets active here, and every bucket in another state
--- with its row (what the settler and `cluster status` read).
+-- sc.buckets_held(): the buckets active here ({bucket, generation} each), and
+-- every bucket in another state with its row (what the settler and `cluster
+-- status` read).
 function M.held()
     local count = buckets.count()
     if count == nil then
@@ -132,7 +134,7 @@ function M.held()
     local active, moving = {}, {}
     for _, t in box.space.sc_buckets:pairs() do
         if t[STATUS] == 'active' then
-            table.insert(active, t[1])
+            table.insert(active, {t[1], t[GEN]})
         else
             local d = describe(t)
             d.bucket = t[1]

@@ -211,7 +211,7 @@ test:test('buckets_held: the active buckets and the moving ones with their rows'
     t:is(r.status, 'OK', 'answered')
     local moving = {}
     for _, m in ipairs(r.moving) do
-        moving[m.bucket] = m.status
+        moving[m.bucket] = m.state
     end
     t:is(moving[9], 'receiving', 'bucket 9 receiving')
     t:is(#r.active, COUNT - 3, 'the others active (3 moved away or not held)')

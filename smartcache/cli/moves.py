@@ -53,6 +53,8 @@ STALL_S = 10.0
 #: how long a call looks for its shard's leader (a failover takes a TTL and a bit)
 LEADER_WAIT_S = 20.0
 LEADER_POLL_S = 0.3
+#: how often the settler's thread looks at the clock (its interval may be changed while it runs)
+SETTLER_TICK_S = 0.5
 #: how long one call may take (a gc deletes a bucket's rows in batches)
 ANSWER_TIMEOUT_S = 30.0
 
@@ -221,8 +223,8 @@ def move(access: cluster.Access, links: Links, bucket: int, destination: str) ->
         raise MoveError(f"bucket {bucket} is on {destination} already")
     src, dst = links[source], links[destination]
     state = _ok(src.call("bucket_state", bucket), f"bucket {bucket} on {source}")
-    if state.get("status") != "active":
-        raise MoveError(f"bucket {bucket} is {state.get('status')} on {source}, not active: settle it first")
+    if state.get("state") != "active":
+        raise MoveError(f"bucket {bucket} is {state.get('state')} on {source}, not active: settle it first")
     out = Moved(bucket, source, destination)
     started = time.monotonic()
     gen = int(_ok(src.call("bucket_send_start", bucket, destination, state["generation"]), "send_start")["generation"])
@@ -263,9 +265,11 @@ def give_up(links: Links, bucket: int, source: str, destination: str, generation
 # --- settling what drivers left ---
 
 
-def settle(access: cluster.Access, links: Links, *, stall_s: float = STALL_S) -> dict[str, Any]:
-    """One pass over every shard: finish the moves past send_done, give up those stalled before it, delete stale
-    copies, collect garbage, and make the map name the shard each bucket is active on. Returns what it did."""
+def settle(access: cluster.Access, links: Links, *, stall_s: float | None = None) -> dict[str, Any]:
+    """One pass over every shard: finish the moves past send_done, give up those stalled (no progress for
+    stall_s, default STALL_S) before it, delete stale copies, collect garbage, and make the map name the shard
+    each bucket is active on. Returns what it did."""
+    stall_s = STALL_S if stall_s is None else stall_s
     doc, _ = read_map(access)
     did: list[str] = []
     held: dict[str, dict[str, Any]] = {}
@@ -276,7 +280,7 @@ def settle(access: cluster.Access, links: Links, *, stall_s: float = STALL_S) ->
             did.append(f"{shard} not asked: {e}")
     active_on: dict[int, str] = {}
     for shard, h in held.items():
-        for b in h["active"]:
+        for b, _generation in h["active"]:
             active_on[b] = shard
 
     def peer_state(shard: str, bucket: int) -> dict[str, Any] | None:
@@ -291,13 +295,13 @@ def settle(access: cluster.Access, links: Links, *, stall_s: float = STALL_S) ->
     for shard, h in held.items():
         now_ms = h["now_ms"]
         for m in h["moving"]:
-            b, status, gen, peer = m["bucket"], m["status"], m["generation"], m.get("peer")
+            b, status, gen, peer = m["bucket"], m["state"], m["generation"], m.get("peer")
             if not peer:
                 continue
             other = peer_state(peer, b)
             if other is None:
                 continue
-            o_status, o_gen = other.get("status"), other.get("generation")
+            o_status, o_gen = other.get("state"), other.get("generation")
             if status == "sending":
                 quiet_ms = now_ms - max(m.get("since") or 0, other.get("since") or 0)
                 if quiet_ms > stall_s * 1000:
@@ -493,8 +497,12 @@ class Settler:
     def _run(self) -> None:
         links = Links(self.access)
         failing = ""
+        last = time.monotonic()
         try:
-            while not self._stop.wait(self.interval_s):
+            while not self._stop.wait(min(SETTLER_TICK_S, self.interval_s)):
+                if time.monotonic() - last < self.interval_s:
+                    continue
+                last = time.monotonic()
                 try:
                     result = settle(self.access, links)
                 except NotSharded:

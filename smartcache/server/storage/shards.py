@@ -45,6 +45,8 @@ MAP_POLL_S = 1.0
 #: MOVING_BACKOFF_MAX_S, while the message has time
 MOVING_BACKOFF_S = 0.01
 MOVING_BACKOFF_MAX_S = 0.2
+#: how long a shard new in the map may take to find its leader before calls are routed to it
+NEW_SHARD_WAIT_S = 5.0
 #: buckets whose new owner a refusal named, routed there before the map says so (a move's map swap follows)
 MOVED_KEPT = 4096
 
@@ -308,6 +310,11 @@ class ShardRouter:
                 cluster = topology.shard_cluster(self._settings.cluster, name)
                 store = self._make(replace(self._settings, cluster=cluster))
                 await store.start()
+                # Routed to only once it knows the shard's leader (or NEW_SHARD_WAIT_S passed): the first call
+                # there would else be refused at once, while discovery is a moment away from the leader.
+                waited = time.monotonic() + NEW_SHARD_WAIT_S
+                while not store.connected and time.monotonic() < waited:
+                    await asyncio.sleep(0.05)
                 self.sharded.shards.setdefault(name, store)
                 log.info("storage_shard_added", shard=name, map_version=found.version)
 
