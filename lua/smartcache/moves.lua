@@ -24,6 +24,7 @@ local key_def = require('key_def')
 local schema = require('smartcache.schema')
 local util = require('smartcache.util')
 local buckets = require('smartcache.buckets')
+local events = require('smartcache.events')
 
 local M = {}
 
@@ -208,7 +209,10 @@ function M.send_done(bucket, generation)
             return refused(bucket, t, string.format('sending at generation %d', generation))
         end
         set(bucket, 'sent', generation, t[PEER])
-        return answer('OK', bucket, box.space.sc_buckets:get(bucket))
+        -- The last event of the bucket's keys in this shard's log (docs/design/resharding.md, "Events").
+        local seq = events.write('bucket.sent', tostring(bucket), {bucket = bucket, to = t[PEER],
+                                                                  generation = generation})
+        return answer('OK', bucket, box.space.sc_buckets:get(bucket), {seq = seq or box.NULL})
     end)
 end
 
@@ -351,7 +355,10 @@ function M.recv_done(bucket, generation)
             return refused(bucket, t, string.format('receiving at generation %d', generation))
         end
         set(bucket, 'active', generation, nil)
-        return answer('OK', bucket, box.space.sc_buckets:get(bucket))
+        -- Before the first event of the bucket's keys in this shard's log.
+        local seq = events.write('bucket.received', tostring(bucket), {bucket = bucket, from = t[PEER],
+                                                                      generation = generation})
+        return answer('OK', bucket, box.space.sc_buckets:get(bucket), {seq = seq or box.NULL})
     end)
 end
 

@@ -117,10 +117,14 @@ test:test('send_abort: sending -> active at generation + 1, so the old copy can 
 end)
 
 test:test('send_done after the copy: sent; calls answered WRONG_BUCKET naming the owner', function(t)
-    t:plan(5)
+    t:plan(6)
     t:is(sc.bucket_send_done(nil, SRC, 3).status, 'BUCKET_STATE', 'active, not sending: refused')
     t:is(sc.bucket_send_start(nil, SRC, 's2', 3).status, 'OK', 'sending again, generation 4')
-    t:is(sc.bucket_send_done(nil, SRC, 4).status, 'OK', 'sent')
+    local sent = sc.bucket_send_done(nil, SRC, 4)
+    t:is(sent.status, 'OK', 'sent')
+    local ev = sc.events_read(nil, sent.seq - 1, {'bucket.'}, 1, 0).events[1]
+    t:is_deeply({ev and ev.topic, ev and ev.payload.to, ev and ev.payload.generation}, {'bucket.sent', 's2', 4},
+                'a bucket.sent event, in the same transaction')
     t:is(sc.bucket_send_done(nil, SRC, 4).status, 'OK', 'again: OK')
     local r = sc.session_get(nil, sid)
     t:is_deeply({r.status, r.bucket, r.owner}, {'WRONG_BUCKET', SRC, 's2'}, 'refused, naming s2')
@@ -147,7 +151,7 @@ local session_row = {far_sid, far, '1', 1, now, 600000, now + 600000, {v = 9}, n
 local cache_row = {far_sid, 'k', 1, now, 600000, now + 600000, {9}, DST}
 
 test:test('recv_start, recv, recv_done: a copy written as it is, then active', function(t)
-    t:plan(9)
+    t:plan(10)
     t:is(sc.bucket_recv(nil, DST, 2, 'sessions', {session_row}).status, 'BUCKET_STATE', 'before recv_start: refused')
     t:is(sc.bucket_recv_start(nil, DST, 's1', 2).status, 'OK', 'receiving from s1 at generation 2')
     t:is(sc.session_get(nil, far_sid).status, 'BUCKET_MOVING', 'not served while receiving')
@@ -157,7 +161,11 @@ test:test('recv_start, recv, recv_done: a copy written as it is, then active', f
     t:is(sc.bucket_recv(nil, DST, 2, 'sessions', {session_row}).written, 1, 'the session written')
     t:is(sc.bucket_recv(nil, DST, 2, 'cache', {cache_row}).written, 1, 'its cache entry written')
     t:is(sc.bucket_recv(nil, DST, 2, 'cache', {cache_row}).written, 1, 'a chunk again (a retried send): the same row')
-    t:is(sc.bucket_recv_done(nil, DST, 2).status, 'OK', 'active')
+    local done = sc.bucket_recv_done(nil, DST, 2)
+    t:is(done.status, 'OK', 'active')
+    local ev = sc.events_read(nil, done.seq - 1, {'bucket.'}, 1, 0).events[1]
+    t:is_deeply({ev and ev.topic, ev and ev.key, ev and ev.payload.from}, {'bucket.received', tostring(DST), 's1'},
+                'a bucket.received event, in the same transaction')
     local got = sc.session_get(nil, far_sid)
     t:is_deeply({got.status, got.data and got.data.v}, {'OK', 9}, 'served, with its data')
 end)

@@ -173,6 +173,8 @@ def status(access: Access, *, with_etcd: bool = True) -> dict[str, Any]:
             name: status(replace(access, cluster=topology.shard_cluster(access.cluster, name), addresses=()))
             for name in sharded.get("shards", [])
         }
+        for name, shard in per.items():
+            shard["buckets"] = _held(access, name, shard.get("leader"))
         return {
             "healthy": bool(per) and all(p["healthy"] for p in per.values()),
             "cluster": access.cluster,
@@ -206,6 +208,27 @@ def status(access: Access, *, with_etcd: bool = True) -> dict[str, Any]:
         out["topology"] = topology_status(reg, instances)
         out["healthy"] = storage_healthy and out["etcd"].get("healthy", True)
     return out
+
+
+def _held(access: Access, shard: str, leader: str | None) -> dict[str, Any]:
+    """What a shard's leader holds: how many buckets are active there, and the moves in flight (each bucket not
+    active, with its state, generation, peer and how long it has been in that state)."""
+    if leader is None:
+        return {"error": "no leader to ask"}
+    shard_access = replace(access, cluster=topology.shard_cluster(access.cluster or "", shard), addresses=())
+    try:
+        held = _call(shard_access, leader, "buckets_held")
+    except CONNECTION_ERRORS as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    if held.get("status") != "OK":
+        return {"error": str(held.get("message") or held.get("status"))}
+    now = held.get("now_ms") or 0
+    moving = [
+        {"bucket": m["bucket"], "state": m.get("state"), "generation": m.get("generation"), "peer": m.get("peer"),
+         "for_s": round((now - (m.get("since") or now)) / 1000, 1)}
+        for m in held.get("moving") or []
+    ]  # fmt: skip
+    return {"active": len(held.get("active") or []), "moving": moving}
 
 
 def topology_status(reg: Registry | None, instances: Sequence[dict[str, Any]]) -> dict[str, Any]:

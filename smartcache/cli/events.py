@@ -32,7 +32,7 @@ def add_parsers(sub: Any) -> None:
         "events",
         help="the event log: follow it (tail)",
         description="Events of every change that matters (session.created/updated/deleted/expired, device.bound, "
-        "products.stored) and application events (app.*), numbered by a gap-free sequence.",
+        "products.stored, bucket.sent/received) and application events (app.*), numbered by a gap-free sequence.",
     )
     ops = ev.add_subparsers(dest="operation", required=True, metavar="OPERATION", help="what to do")
     tail = ops.add_parser(

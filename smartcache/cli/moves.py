@@ -268,67 +268,84 @@ def give_up(links: Links, bucket: int, source: str, destination: str, generation
 def settle(access: cluster.Access, links: Links, *, stall_s: float | None = None) -> dict[str, Any]:
     """One pass over every shard: finish the moves past send_done, give up those stalled (no progress for
     stall_s, default STALL_S) before it, delete stale copies, collect garbage, and make the map name the shard
-    each bucket is active on. Returns what it did."""
-    stall_s = STALL_S if stall_s is None else stall_s
+    each bucket is active on. Returns what it did, and how many buckets each shard serves and moves."""
     doc, _ = read_map(access)
-    did: list[str] = []
+    pass_ = _Pass(access, links, doc, STALL_S if stall_s is None else stall_s)
     held: dict[str, dict[str, Any]] = {}
     for shard in doc["shards"]:
         try:
             held[shard] = _ok(links[shard].call("buckets_held"), f"buckets of {shard}")
         except MoveError as e:
-            did.append(f"{shard} not asked: {e}")
-    active_on: dict[int, str] = {}
+            pass_.did.append(f"{shard} not asked: {e}")
     for shard, h in held.items():
         for b, _generation in h["active"]:
-            active_on[b] = shard
+            pass_.active_on[b] = shard
+    for shard, h in held.items():
+        for m in h["moving"]:
+            if m.get("peer"):
+                pass_.one(shard, m, h["now_ms"])
+    wrong = {b: s for b, s in pass_.active_on.items() if pass_.owner[b] != s}
+    if wrong:
+        assign(access, wrong)
+        pass_.did.append(f"the map names the shard {len(wrong)} bucket(s) are active on: {sorted(wrong)[:10]}")
+    counts = {s: {"active": len(h["active"]), "moving": len(h["moving"])} for s, h in held.items()}
+    return {"status": "OK", "did": pass_.did, "map_version": doc["version"], "held": counts}
 
-    def peer_state(shard: str, bucket: int) -> dict[str, Any] | None:
-        if shard not in doc["shards"] and shard not in held:
+
+@dataclass
+class _Pass:
+    """One settle pass: what it knows of the map and of who serves what, and what it did."""
+
+    access: cluster.Access
+    links: Links
+    doc: dict[str, Any]
+    stall_s: float
+    did: list[str] = field(default_factory=list)
+    active_on: dict[int, str] = field(default_factory=dict)
+    owner: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.owner = owners(self.doc)
+
+    def state(self, shard: str, bucket: int) -> dict[str, Any] | None:
+        """The bucket's row on a shard (None: the shard cannot be asked now: nothing is decided on a guess)."""
+        if shard not in self.doc["shards"]:
             return None
         try:
-            return _ok(links[shard].call("bucket_state", bucket), f"bucket {bucket} on {shard}")
+            return _ok(self.links[shard].call("bucket_state", bucket), f"bucket {bucket} on {shard}")
         except MoveError:
             return None
 
-    owner = owners(doc)
-    for shard, h in held.items():
-        now_ms = h["now_ms"]
-        for m in h["moving"]:
-            b, status, gen, peer = m["bucket"], m["state"], m["generation"], m.get("peer")
-            if not peer:
-                continue
-            other = peer_state(peer, b)
-            if other is None:
-                continue
-            o_status, o_gen = other.get("state"), other.get("generation")
-            if status == "sending":
-                quiet_ms = now_ms - max(m.get("since") or 0, other.get("since") or 0)
-                if quiet_ms > stall_s * 1000:
-                    give_up(links, b, shard, peer, gen)
-                    did.append(f"bucket {b} {shard} -> {peer}: given up after {quiet_ms / 1000:.0f} s without progress")
-            elif status in ("sent", "garbage"):
-                if o_status == "receiving" and o_gen == gen:
-                    _ok(links[peer].call("bucket_recv_done", b, gen), "recv_done")
-                    active_on[b] = peer
-                    did.append(f"bucket {b} {shard} -> {peer}: made active on {peer} (the source was sent)")
-                    o_status = "active"
-                if o_status == "active" and o_gen == gen:
-                    if owner[b] != peer:
-                        assign(access, {b: peer})
-                        owner[b] = peer
-                    _ok(links[shard].call("bucket_gc", b, gen), "gc")
-                    did.append(f"bucket {b}: garbage on {shard} deleted")
-            elif status == "receiving":
-                stale = o_gen is not None and (o_gen > gen or (o_gen == gen and o_status == "active"))
-                if o_status is None or (stale and o_status in ("active", "sending")):
-                    _ok(links[shard].call("bucket_recv_abort", b, gen), "recv_abort")
-                    did.append(f"bucket {b}: a stale copy on {shard} (generation {gen}) deleted")
-    wrong = {b: s for b, s in active_on.items() if owner[b] != s}
-    if wrong:
-        assign(access, wrong)
-        did.append(f"the map names the shard {len(wrong)} bucket(s) are active on: {sorted(wrong)[:10]}")
-    return {"status": "OK", "did": did, "map_version": doc["version"]}
+    def one(self, shard: str, m: dict[str, Any], now_ms: int) -> None:
+        """A bucket of shard between states, against its peer's row."""
+        b, status, gen, peer = m["bucket"], m["state"], m["generation"], m["peer"]
+        other = self.state(peer, b)
+        if other is None:
+            return
+        o_status, o_gen = other.get("state"), other.get("generation")
+        if status == "sending":
+            quiet_ms = now_ms - max(m.get("since") or 0, other.get("since") or 0)
+            if quiet_ms > self.stall_s * 1000:
+                give_up(self.links, b, shard, peer, gen)
+                self.did.append(f"bucket {b} {shard} -> {peer}: given up, {quiet_ms / 1000:.0f} s without progress")
+        elif status in ("sent", "garbage"):
+            if o_status == "receiving" and o_gen == gen:
+                _ok(self.links[peer].call("bucket_recv_done", b, gen), "recv_done")
+                self.active_on[b] = peer
+                self.did.append(f"bucket {b} {shard} -> {peer}: made active on {peer} (the source was sent)")
+                o_status = "active"
+            if o_status == "active" and o_gen == gen:
+                if self.owner[b] != peer:
+                    assign(self.access, {b: peer})
+                    self.owner[b] = peer
+                _ok(self.links[shard].call("bucket_gc", b, gen), "gc")
+                self.did.append(f"bucket {b}: garbage on {shard} deleted")
+        elif status == "receiving":
+            # A copy the source no longer backs: it holds nothing of the bucket, or moved on to a later generation.
+            stale = o_gen is not None and (o_gen > gen or (o_gen == gen and o_status == "active"))
+            if o_status is None or (stale and o_status in ("active", "sending")):
+                _ok(self.links[shard].call("bucket_recv_abort", b, gen), "recv_abort")
+                self.did.append(f"bucket {b}: a stale copy on {shard} (generation {gen}) deleted")
 
 
 # --- plans ---
@@ -480,10 +497,17 @@ class Settler:
     """Runs :func:`settle` every interval_s in a thread of its own (every service instance has one, so a move
     whose driver died is finished or given up with no person); stopped by stop()."""
 
-    def __init__(self, access: cluster.Access, interval_s: float = 5.0, log: Callable[..., None] | None = None):
+    def __init__(
+        self,
+        access: cluster.Access,
+        interval_s: float = 5.0,
+        log: Callable[[dict[str, Any]], None] | None = None,
+        observe: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.access = access
         self.interval_s = interval_s
         self._log = log
+        self._observe = observe  # every pass's result (the buckets each shard holds and moves: metrics)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bucket-settler", daemon=True)
 
@@ -514,7 +538,9 @@ class Settler:
                     failing = error
                     continue
                 failing = ""
+                if self._observe is not None:
+                    self._observe(result)
                 if result.get("did") and self._log is not None:
-                    self._log(result)
+                    self._log({k: v for k, v in result.items() if k != "held"})
         finally:
             links.close()

@@ -114,7 +114,17 @@ def sharded_status(doc: Mapping[str, Any]) -> str:
     )
     parts = [head]
     for name, shard in (doc.get("shards") or {}).items():
-        parts.append(f"== shard {name}\n" + cluster_status(shard))
+        held = shard.get("buckets") or {}
+        if "error" in held:
+            line = f"buckets: not known ({held['error']})"
+        else:
+            moving = held.get("moving") or []
+            line = f"buckets: {_scalar(held.get('active'))} active here, {len(moving)} moving" + "".join(
+                f"\n  bucket {m['bucket']} {m['state']} (generation {m['generation']}, peer {m['peer']}, "
+                f"{m['for_s']} s)"
+                for m in moving
+            )
+        parts.append(f"== shard {name}\n{line}\n" + cluster_status(shard))
     return "\n\n".join(parts)
 
 

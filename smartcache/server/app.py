@@ -107,10 +107,17 @@ class Service:
                     cluster=settings.cluster,
                 ),
                 log=lambda result: log.info("buckets_settled", **result),
+                observe=self._observe_buckets,
             )
             if settings.discovery
             else None
         )
+
+    def _observe_buckets(self, result: dict[str, Any]) -> None:
+        """The settler's pass: the buckets each shard serves and has in flight, as gauges."""
+        for shard, n in (result.get("held") or {}).items():
+            self.metrics.buckets_active.labels(shard).set(n["active"])
+            self.metrics.buckets_moving.labels(shard).set(n["moving"])
 
     def start(self) -> None:
         s = self.settings

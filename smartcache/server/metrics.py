@@ -57,6 +57,8 @@ EVENT_TOPIC_LABELS = (
     "session.evicted",
     "device.bound",
     "products.stored",
+    "bucket.sent",
+    "bucket.received",
     "app",
 )
 #: a health check: check name -> passing; healthy when every check passes
@@ -270,6 +272,19 @@ class Metrics:
         self.storage_bucket_moving = Counter(
             f"{p}_storage_bucket_moving_total",
             "Calls a shard answered BUCKET_MOVING (their bucket paused while it moves; nothing done: sent again).",
+            ["shard"],
+            registry=r,
+        )
+        self.buckets_active = Gauge(
+            f"{p}_buckets_active",
+            "Buckets a shard serves (active there), as its leader said at the settler's last pass (every 5 s).",
+            ["shard"],
+            registry=r,
+        )
+        self.buckets_moving = Gauge(
+            f"{p}_buckets_moving",
+            "Buckets of a shard between states of a move (sending, sent, receiving, garbage) at the settler's last "
+            "pass: 0 when no move is under way; one that stays above 0 is a move the settler could not settle.",
             ["shard"],
             registry=r,
         )

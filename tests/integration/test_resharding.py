@@ -24,12 +24,12 @@ import pytest
 
 from devtools.devstack import Tarantool
 from devtools.etcd import EtcdCluster
-from smartcache.cli import cluster, moves
+from smartcache.cli import cluster, moves, output
 from smartcache.client import Client
 from smartcache.wire import buckets, topology
 from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
-from tests.helpers import eventually
+from tests.helpers import eventually, metric
 from tests.integration.conftest_ha import HACluster, ha_env
 
 pytestmark = pytest.mark.slow
@@ -292,9 +292,19 @@ def test_drain_a_shard_under_load_and_a_stale_copy_left_by_a_dead_driver_is_sett
                     assert links["s2"].call("bucket_recv_start", b, "s1", gen)["status"] == "OK"
                 finally:
                     links.close()
+                seen = cluster.status(two.access())["shards"]
+                assert [(m["bucket"], m["state"], m["peer"]) for m in seen["s1"]["buckets"]["moving"]] == [
+                    (b, "sending", "s2")
+                ], seen["s1"]["buckets"]
+                assert [(m["bucket"], m["state"]) for m in seen["s2"]["buckets"]["moving"]] == [(b, "receiving")]
+                assert "1 moving" in output.sharded_status(cluster.status(two.access()))
+                a.service.settler.interval_s = 0.5
+                eventually(
+                    lambda: metric(a.metrics_url, "smartcache_buckets_moving", {"shard": "s1"}) == 1, 10,
+                    what="the settler's gauge: one bucket of s1 moving",
+                )  # fmt: skip
                 stall = moves.STALL_S
                 moves.STALL_S = 1.0
-                a.service.settler.interval_s = 0.5
                 try:
                     eventually(
                         lambda: two.ask("s1", "bucket_state", b)["state"] == "active", 20,
@@ -313,6 +323,10 @@ def test_drain_a_shard_under_load_and_a_stale_copy_left_by_a_dead_driver_is_sett
             assert sampler.doubled == []
             held = two.check_placement()
             assert held == {"s1": BUCKETS, "s2": 0}
+            eventually(
+                lambda: metric(a.metrics_url, "smartcache_buckets_active", {"shard": "s1"}) == BUCKETS
+                and metric(a.metrics_url, "smartcache_buckets_moving") == 0, 10, what="the gauges: all on s1",
+            )  # fmt: skip
             assert json.loads(json.dumps(two.map()))["ranges"] == [[0, BUCKETS - 1, "s1"]]
             writers.check(two)
 
