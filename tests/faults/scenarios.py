@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 
 from smartcache.cli import cluster as cli
-from tests.faults import checkers, make_run, sharded
+from tests.faults import checkers, make_run, moving, sharded
 from tests.faults.cluster import HTTP_PORT, NODES, SERVICES, TTL_S, etcd_host, http_text, metric_value, until
 from tests.faults.disks import Ext4Loop, Tmpfs
 from tests.faults.harness import OPERATOR, Run, Scenario, Setup
@@ -1135,6 +1135,10 @@ SCENARIOS = [
         "cut one shard's leader from every etcd member for 3 x TTL; the other shard writes on",
         lambda run: None,
         standalone=sharded.partition_row,
+    ),
+    *(
+        Scenario(name, summary, lambda run: None, standalone=moving.row(name))
+        for name, (_, summary) in moving.ROWS.items()
     ),
 ]
 

@@ -1,0 +1,260 @@
+"""The rows move-*: a fault in the middle of moving buckets between two shards (docs/design/resharding.md).
+
+Each row starts the two-shard stack of two-shards-partition-etcd (every process on a network namespace of its
+own: two shards of three Tarantool instances, three etcd members, one service, writers of both shards' clients),
+then `smartcache-cli cluster drain s1` in the service's namespace: it moves s1's 512 buckets to s2, two at a
+time, while the writers write. Three seconds into the drain comes the row's fault:
+
+* move-kill-source / move-kill-destination: kill -9 s1's (s2's) leader, started again a TTL later;
+* move-stop-source / move-stop-destination: SIGSTOP s1's (s2's) leader for 2 x TTL, then SIGCONT;
+* move-cut-destination: the service's host (the driver's and the service's) cut from s2's hosts for 2 x TTL;
+  the shards never talk to each other (the driver talks to both), so this is the partition a move meets;
+* move-etcd-majority-down: two of the three etcd members stopped for 2 x TTL (both shards fence), started again;
+* move-kill-driver: kill -9 the drain itself.
+
+Then nobody runs anything: the service's settler finishes or gives up what was left between states. The row
+waits until no bucket of either shard is between states and checks, from storage: every bucket active on
+exactly one shard, the one the map names, with no row left on the other; every acknowledged session read back
+through the service; never two writable instances of one shard; and, sampled every 100 ms throughout from every
+writable instance, never one bucket active on two shards at one generation.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tarantool
+
+from devtools.devstack import Child
+from smartcache.cli import cluster, moves
+from tests.faults.sharded import SERVICE_HOST, SHARD_HOSTS, SHARDS, _NsRow
+
+#: how long the drain runs before the fault
+BEFORE_FAULT_S = 3.0
+#: the longest a drain may take (it moves 512 buckets; a fault costs it a stalled move or two)
+DRAIN_TIMEOUT_S = 240.0
+#: the longest the settler may take to leave no bucket between states, once the drain has ended
+SETTLE_TIMEOUT_S = 90.0
+
+
+class _Buckets(threading.Thread):
+    """Every 100 ms, every writable instance of both shards: the buckets it serves, with their generations. A
+    bucket served at one generation by two shards in one round would be two live copies."""
+
+    def __init__(self, row: _MoveRow) -> None:
+        super().__init__(daemon=True)
+        self.row, self.stop, self.rounds, self.doubled = row, threading.Event(), 0, []  # type: ignore[var-annotated]
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            seen: dict[tuple[int, int], set[str]] = {}
+            for shard, hosts in SHARD_HOSTS.items():
+                for h in hosts:
+                    held = self.row.call(h, "buckets_held", timeout_s=0.3)
+                    if held is None or held.get("status") != "OK" or not held.get("writable"):
+                        continue
+                    for b, gen in held["active"]:
+                        seen.setdefault((b, gen), set()).add(shard)
+            self.doubled += [(b, gen, sorted(s)) for (b, gen), s in seen.items() if len(s) > 1]
+            self.rounds += 1
+            self.stop.wait(0.1)
+
+
+class _MoveRow(_NsRow):
+    def __init__(self, base: Path, net: Any, scenario: str, fault: Callable[[_MoveRow], None], summary: str):
+        super().__init__(base, net)
+        self.scenario, self.do_fault, self.summary = scenario, fault, summary
+        self.buckets = _Buckets(self)
+        cli_env = {
+            "SMARTCACHE_ETCD": self.etcd.url,
+            "SMARTCACHE_CLUSTER": self.name,
+            "SMARTCACHE_TARANTOOL": "",
+        }
+        argv = [sys.executable, "-m", "smartcache.cli", "cluster", "drain", "s1", "--parallel", "2"]
+        self.driver = Child(name="drain", argv=net.argv_in(SERVICE_HOST, argv), env=cli_env,
+                            log_path=base / "drain.log")  # fmt: skip
+        self.drain_exit: int | None = None
+
+    def call(self, host: str, procedure: str, *args: Any, timeout_s: float = 2.0) -> dict[str, Any] | None:
+        ip, port = self.net.hosts[host].ip, self.fc.IPROTO_PORT
+        try:
+            conn = tarantool.Connection(ip, port, user="operator", password="operator", connection_timeout=timeout_s,
+                                        socket_timeout=timeout_s)  # fmt: skip
+        except (tarantool.error.Error, OSError):
+            return None
+        try:
+            return conn.call(f"sc.{procedure}", [None, *args]).data[0]  # type: ignore[no-any-return]
+        except (tarantool.error.Error, OSError):
+            return None
+        finally:
+            conn.close()
+
+    def node(self, host: str) -> Child:
+        child: Child = next(nodes[host] for nodes in self.nodes.values() if host in nodes)
+        return child
+
+    def move(self) -> None:
+        self.buckets.start()
+        self.driver.start()
+        self.children.append(self.driver)
+        time.sleep(BEFORE_FAULT_S)
+        self.check("the drain is under way when the fault comes", self.driver.alive())
+        self.fault = time.monotonic()
+        self.do_fault(self)
+        self.resumed = time.monotonic()
+        drained = self._until(lambda: not self.driver.alive(), DRAIN_TIMEOUT_S, 0.5)
+        self.drain_exit = self.driver.proc.poll() if self.driver.proc is not None else None
+        self.check("the drain ended (or was killed)", drained, f"exit {self.drain_exit}")
+        settled = self._until(self._settled, SETTLE_TIMEOUT_S, 1.0)
+        self.check("no bucket is left between states, with no command run (the service's settler)", settled,
+                   str(self._moving()))  # fmt: skip
+        self._supervise()
+
+    def _leader_held(self, shard: str) -> dict[str, Any] | None:
+        leader = self.leader(shard)
+        return None if leader is None else self.call(leader, "buckets_held")
+
+    def _moving(self) -> dict[str, Any]:
+        return {s: (h or {}).get("moving") for s in SHARDS if (h := self._leader_held(s)) is not None}
+
+    def _settled(self) -> bool:
+        self._supervise()
+        held = {s: self._leader_held(s) for s in SHARDS}
+        return all(h is not None and h.get("status") == "OK" and not h["moving"] for h in held.values())
+
+    def verify(self, endpoint: str) -> None:
+        self.buckets.stop.set()
+        self.buckets.join(10)
+        self.check("no bucket active on two shards at one generation, sampled throughout", not self.buckets.doubled,
+                   f"{len(self.buckets.doubled)} doubled over {self.buckets.rounds} rounds: "
+                   f"{self.buckets.doubled[:3]}")  # fmt: skip
+        self._placement()
+        self.verify_shards(endpoint)
+
+    def _placement(self) -> None:
+        access = cluster.Access(addresses=(), user="operator", password="operator",
+                                etcd=[m.url for m in self.etcd.members], cluster=self.name)  # fmt: skip
+        doc, _ = moves.read_map(access)
+        owner = moves.owners(doc)
+        held = {s: self._leader_held(s) or {} for s in SHARDS}
+        active = {s: {b for b, _ in h.get("active") or []} for s, h in held.items()}
+        wrong = [b for b in range(len(owner)) if [s for s in SHARDS if b in active[s]] != [owner[b]]]
+        self.check("every bucket active on exactly one shard, the one the map names", not wrong,
+                   f"{len(wrong)} not: {wrong[:5]}; {len(active['s1'])} on s1, {len(active['s2'])} on s2")  # fmt: skip
+        leftovers = []
+        for shard in SHARDS:
+            leader = self.leader(shard)
+            if leader is None:
+                continue
+            for b in range(len(owner)):
+                if owner[b] != shard:
+                    st = self.call(leader, "bucket_state", b) or {}
+                    if st.get("rows"):
+                        leftovers.append((b, shard, st["rows"]))
+        self.check("no row of a bucket left on the shard that does not own it", not leftovers, str(leftovers[:5]))
+        self.moved = len(active["s2"]) - 512
+
+    def close(self) -> None:
+        self.buckets.stop.set()
+        super().close()
+
+    def result(self) -> dict[str, Any]:
+        out = super().result()
+        out["scenario"] = self.scenario
+        out["summary"] = self.summary
+        out["notes"][0] = (
+            "namespaced hosts: one service, two shards of three Tarantool instances, three etcd members, "
+            f"TTL {self.fc.TTL_S} s; `cluster drain s1 --parallel 2` under load, exit {self.drain_exit}, "
+            f"{getattr(self, 'moved', '?')} of 512 buckets on s2 at the end"
+        )
+        out["recovery_from"] = "fault"
+        return out
+
+
+def _kill(shard: str) -> Callable[[_MoveRow], None]:
+    def fault(row: _MoveRow) -> None:
+        leader = row.leader(shard)
+        row.check(f"{shard} has a leader to kill", leader is not None)
+        if leader is None:
+            return
+        row.node(leader).send_signal(signal.SIGKILL)
+        time.sleep(row.fc.TTL_S)
+        row.node(leader).start()
+
+    return fault
+
+
+def _freeze(shard: str) -> Callable[[_MoveRow], None]:
+    def fault(row: _MoveRow) -> None:
+        leader = row.leader(shard)
+        row.check(f"{shard} has a leader to stop", leader is not None)
+        if leader is None:
+            return
+        row.node(leader).send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(2 * row.fc.TTL_S)
+        finally:
+            row.node(leader).send_signal(signal.SIGCONT)
+
+    return fault
+
+
+def _cut_destination(row: _MoveRow) -> None:
+    if "shard-s2" not in row.net.groups:
+        row.net.add_group("shard-s2", list(SHARD_HOSTS["s2"]))
+    row.net.cut(SERVICE_HOST, "shard-s2")
+    try:
+        time.sleep(2 * row.fc.TTL_S)
+    finally:
+        row.net.heal()
+
+
+def _etcd_majority(row: _MoveRow) -> None:
+    down = row.etcd.members[:2]
+    for m in down:
+        m.stop(timeout_s=10)
+    try:
+        time.sleep(2 * row.fc.TTL_S)
+    finally:
+        for m in down:
+            m.start()
+
+
+def _kill_driver(row: _MoveRow) -> None:
+    row.driver.send_signal(signal.SIGKILL)
+
+
+ROWS: dict[str, tuple[Callable[[_MoveRow], None], str]] = {
+    "move-kill-source": (_kill("s1"), "kill -9 the source shard's leader while buckets move"),
+    "move-kill-destination": (_kill("s2"), "kill -9 the destination shard's leader while buckets move"),
+    "move-stop-source": (_freeze("s1"), "SIGSTOP the source shard's leader for 2 x TTL while buckets move"),
+    "move-stop-destination": (_freeze("s2"), "SIGSTOP the destination shard's leader for 2 x TTL while buckets move"),
+    "move-cut-destination": (_cut_destination, "cut the driver and service from the destination shard for 2 x TTL"),
+    "move-etcd-majority-down": (_etcd_majority, "two of three etcd members down for 2 x TTL while buckets move"),
+    "move-kill-driver": (_kill_driver, "kill -9 the drain that moves the buckets; nobody runs it again"),
+}
+
+
+def row(name: str) -> Callable[[Path, Any], dict[str, Any]]:
+    """The standalone row `name`: a fresh two-shard stack, a drain, the fault, the verdict; never raises."""
+    fault, summary = ROWS[name]
+
+    def run(base: Path, net: Any) -> dict[str, Any]:
+        r = _MoveRow(base, net, name, fault, summary)
+        try:
+            endpoint = r.load()
+            r.move()
+            r.verify(endpoint)
+        except Exception as e:  # a crash is a failed check, as execute() makes it
+            r.check("the row's timeline runs to its end", False, f"{type(e).__name__}: {e}")
+        finally:
+            r.close()
+        return r.result()
+
+    return run
