@@ -67,7 +67,7 @@ cleanup() {
             tail -n 200 "$work/compose.log" || true
         fi
         say "tearing down (containers, networks, volumes)"
-        "${compose[@]}" down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1 || true
+        COMPOSE_PROFILES=third-shard "${compose[@]}" down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1 || true
     fi
     if docker info >/dev/null 2>&1; then
         # what the smoke suite started by itself (the restore probe), should a test not have cleaned up
@@ -132,7 +132,8 @@ names = """SERVICE_1_PORT SERVICE_2_PORT SERVICE_1_METRICS_PORT SERVICE_2_METRIC
 TARANTOOL_1_PORT TARANTOOL_2_PORT TARANTOOL_3_PORT TARANTOOL_1_HTTP_PORT TARANTOOL_2_HTTP_PORT
 TARANTOOL_3_HTTP_PORT BACKEND_PORT PROMETHEUS_PORT ETCD_1_PORT ETCD_2_PORT ETCD_3_PORT
 SERVICE_1_EVENTS_PORT SERVICE_2_EVENTS_PORT TARANTOOL_4_PORT TARANTOOL_5_PORT TARANTOOL_6_PORT
-TARANTOOL_4_HTTP_PORT TARANTOOL_5_HTTP_PORT TARANTOOL_6_HTTP_PORT""".split()
+TARANTOOL_4_HTTP_PORT TARANTOOL_5_HTTP_PORT TARANTOOL_6_HTTP_PORT TARANTOOL_7_PORT TARANTOOL_8_PORT
+TARANTOOL_9_PORT TARANTOOL_7_HTTP_PORT TARANTOOL_8_HTTP_PORT TARANTOOL_9_HTTP_PORT""".split()
 socks = [socket.socket() for _ in names]
 for s in socks:
     s.bind(("127.0.0.1", 0))

@@ -54,11 +54,11 @@ class Shards:
         assert made["status"] == "OK", made
 
     @contextlib.contextmanager
-    def service(self, instance_id: str) -> Iterator[Running]:
+    def service(self, instance_id: str, events_listen: str = "") -> Iterator[Running]:
         any_node = next(iter(self.shards["s1"].nodes.values()))
         settings = service_settings(
             any_node, tarantool=(), etcd=tuple(m.url for m in self.etcd.members), cluster=self.name, workers=10,
-            events_listen="", instance_id=instance_id,
+            events_listen=events_listen, instance_id=instance_id,
         )  # fmt: skip
         with running_service(replace(settings)) as svc:
             yield svc
@@ -241,7 +241,7 @@ class Sampler(threading.Thread):
 def test_add_a_third_shard_and_rebalance_under_load(tmp_path: Path) -> None:
     with make_shards(tmp_path, 3) as three:
         three.init(["s1", "s2"])
-        with three.service("svc-a") as a, three.service("svc-b") as b:
+        with three.service("svc-a", events_listen="tcp://127.0.0.1:0") as a, three.service("svc-b") as b:
             writers = Writers([a.endpoint, b.endpoint])
             writers.start()
             try:
@@ -250,6 +250,9 @@ def test_add_a_third_shard_and_rebalance_under_load(tmp_path: Path) -> None:
                 assert added["status"] == "OK", added
                 assert added["shards"] == ["s1", "s2", "s3"]
                 assert moves.shard_add(three.access(), "s3")["status"] == "OK"  # again: nothing changes
+                publisher = a.service.events
+                assert publisher is not None
+                eventually(lambda: "s3" in publisher.cursors, 20, what="the publisher reads the new shard's log")
                 plan = moves.plan_even(three.map(), ["s1", "s2", "s3"])
                 assert len(plan) == BUCKETS // 3, plan
                 with Sampler(three) as sampler:

@@ -133,3 +133,60 @@ def test_a_session_id_made_before_sharding_is_located_once_and_then_routed_with_
     assert [r["shard"] for r in asyncio.run(twice())] == ["s2", "s2"]
     assert s1.calls == ["session_locate"]  # asked once, answered NOT_FOUND; nothing else sent there
     assert s2.calls == ["session_locate", "session_get", "cache_get"]
+
+
+class MovingShard(FakeShard):
+    """A shard whose bucket is paused for `paused` calls (BUCKET_MOVING), then refused naming `owner`."""
+
+    def __init__(self, name: str, holds: set[int], paused: int, owner: str | None = None) -> None:
+        super().__init__(name, holds)
+        self.paused, self.owner = paused, owner
+
+    async def call(
+        self, procedure: str, args: list[Any], *, job: Any, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        bucket = bucket_of_call(procedure, args, 16)
+        if bucket in self.holds and self.paused > 0:
+            self.paused -= 1
+            self.calls.append(procedure)
+            return {"status": "BUCKET_MOVING", "bucket": bucket}
+        if bucket in self.holds and self.owner is not None:
+            self.calls.append(procedure)
+            return {"status": "WRONG_BUCKET", "bucket": bucket, "owner": self.owner}
+        return await super().call(procedure, args, job=job, idempotency_key=idempotency_key)
+
+
+def test_a_paused_bucket_is_asked_again_after_a_backoff_then_the_owner_a_refusal_names_with_no_map_read() -> None:
+    key = next(f"c{i}" for i in range(100) if buckets.bucket_of(f"c{i}", 16) < 8)
+    s1 = MovingShard("s1", set(range(8)), paused=3, owner="s2")  # paused 3 times, then sent to s2
+    s2 = FakeShard("s2", set(range(16)))
+
+    async def refresh() -> BucketMap:
+        raise AssertionError("the refusal named the owner: no map read")
+
+    router = ShardedStorage({"s1": s1, "s2": s2}, a_map(1, [[0, 7, "s1"], [8, 15, "s2"]]), refresh)
+    result = asyncio.run(router.call("counter_add", [key, 1], job=None))
+    assert result == {"status": "OK", "shard": "s2"}
+    assert s1.calls == ["counter_add"] * 4  # paused three times, then refused naming s2
+    assert s2.calls == ["counter_add"]
+    assert router.moving_waits == 3
+    assert asyncio.run(router.call("counter_get", [key], job=None))["shard"] == "s2"  # remembered: straight there
+    assert s1.calls == ["counter_add"] * 4
+    router.use(a_map(2, [[0, 15, "s2"]]))  # the map caught up: the remembered owner goes
+    assert not router._moved
+
+
+def test_a_bucket_paused_past_the_deadline_ends_in_an_error_not_executed() -> None:
+    key = next(f"c{i}" for i in range(100) if buckets.bucket_of(f"c{i}", 16) < 8)
+    s1 = MovingShard("s1", set(range(8)), paused=10**6)
+
+    class Deadline:
+        deadline = __import__("time").monotonic() + 0.1
+
+    async def refresh() -> BucketMap:
+        raise AssertionError("no refusal")
+
+    router = ShardedStorage({"s1": s1, "s2": FakeShard("s2", set())}, a_map(1, [[0, 7, "s1"], [8, 15, "s2"]]), refresh)
+    with pytest.raises(ShardError, match="still moving at the deadline"):
+        asyncio.run(router.call("counter_add", [key, 1], job=Deadline()))  # type: ignore[arg-type]
+    assert 2 <= router.moving_waits < 20  # backed off, not spun
