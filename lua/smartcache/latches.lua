@@ -12,6 +12,7 @@ local util = require('smartcache.util')
 local config = require('smartcache.config')
 local coord = require('smartcache.coordination')
 local waitlist = require('smartcache.waitlist')
+local buckets = require('smartcache.buckets')
 local clock = require('clock')
 local F = require('smartcache.schema').F.latches
 
@@ -67,6 +68,10 @@ end
 
 local function wait_open(w, name, stop)
     while true do
+        local moving = w.list ~= nil and buckets.refusal('key', name)  -- its bucket began to move: not here now
+        if moving then
+            return moving
+        end
         local now = util.now_ms()
         local t = live(name, now)
         if t == nil then

@@ -25,6 +25,8 @@ local schema = require('smartcache.schema')
 local util = require('smartcache.util')
 local buckets = require('smartcache.buckets')
 local events = require('smartcache.events')
+local waitlist = require('smartcache.waitlist')
+local prewarm = require('smartcache.prewarm')
 
 local M = {}
 
@@ -158,7 +160,7 @@ function M.send_start(bucket, destination, generation)
     if type(destination) ~= 'string' or destination == '' then
         return util.bad_request('destination must be a shard name')
     end
-    return util.atomic(function()
+    local r = util.atomic(function()
         local t = box.space.sc_buckets:get(bucket)
         if t ~= nil and t[STATUS] == 'sending' and t[PEER] == destination and t[GEN] == generation + 1 then
             return answer('OK', bucket, t)  -- a repeat
@@ -169,6 +171,17 @@ function M.send_start(bucket, destination, generation)
         set(bucket, 'sending', generation + 1, destination)
         return answer('OK', bucket, box.space.sc_buckets:get(bucket))
     end)
+    if r.status == 'OK' then
+        -- Those waiting here on an object of the bucket (a latch, a permit, a task, a prewarm) answer
+        -- BUCKET_MOVING now, and the service asks again where the bucket goes, instead of waiting here on.
+        local count = buckets.count()
+        local function of_bucket(key)
+            return type(key) == 'string' and buckets.of(key, count) == bucket
+        end
+        waitlist.wake_keys(of_bucket)
+        prewarm.wake_clients(of_bucket)
+    end
+    return r
 end
 
 -- sc.bucket_send_abort(bucket, generation): sending at generation -> active at

@@ -14,6 +14,7 @@ local fiber = require('fiber')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local events = require('smartcache.events')
+local buckets = require('smartcache.buckets')
 local memory = require('smartcache.memory')
 local F = require('smartcache.schema').F.prewarm
 
@@ -120,7 +121,13 @@ function M.wait(client_id, data_type, timeout_ms)
     end
     local deadline = fiber.clock() + timeout_ms / 1000
     local key = wait_key(client_id, data_type)
+    local waited = false
     while true do
+        local moving = waited and buckets.refusal('key', client_id)  -- its bucket began to move
+        if moving then
+            return moving
+        end
+        waited = true
         local now = util.now_ms()
         local t = box.space.prewarm:get({client_id, data_type})
         if t == nil then
@@ -136,7 +143,7 @@ function M.wait(client_id, data_type, timeout_ms)
         end
         local w = waiting[key]
         if w == nil then
-            w = {cond = fiber.cond(), waiters = 0}
+            w = {cond = fiber.cond(), waiters = 0, client_id = client_id}
             waiting[key] = w
         end
         w.waiters = w.waiters + 1
@@ -144,6 +151,15 @@ function M.wait(client_id, data_type, timeout_ms)
         w.waiters = w.waiters - 1
         if w.waiters == 0 and waiting[key] == w then
             waiting[key] = nil
+        end
+    end
+end
+
+-- Wake every waiter of the clients for which match(client_id) is true (their bucket began to move).
+function M.wake_clients(match)
+    for _, w in pairs(waiting) do
+        if match(w.client_id) then
+            w.cond:broadcast()
         end
     end
 end

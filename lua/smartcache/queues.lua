@@ -37,6 +37,7 @@ local config = require('smartcache.config')
 local coord = require('smartcache.coordination')
 local idempotency = require('smartcache.idempotency')
 local waitlist = require('smartcache.waitlist')
+local buckets = require('smartcache.buckets')
 local F = require('smartcache.schema').F.queue_tasks
 
 local M = {}
@@ -125,6 +126,10 @@ local function wait_task(w, name, ttr_ms, key, stop)
         waiters:wait(w, math.min(left, config.WRITABLE_CHECK_S))
         if not util.writable() then
             return coord.NOT_LEADER
+        end
+        local moving = buckets.refusal('key', name)  -- its bucket began to move
+        if moving then
+            return moving
         end
         if waiters:is_head(w) then
             local got = try_take(name, ttr_ms, key)

@@ -33,6 +33,7 @@ local util = require('smartcache.util')
 local config = require('smartcache.config')
 local coord = require('smartcache.coordination')
 local waitlist = require('smartcache.waitlist')
+local buckets = require('smartcache.buckets')
 local idempotency = require('smartcache.idempotency')
 local F = require('smartcache.schema').F.semaphore_holders
 
@@ -151,6 +152,10 @@ local function wait_turn(w, name, permits, holder, lease_ms, stop)
         local got = handed(w)
         if got == nil and not util.writable() then
             return coord.NOT_LEADER
+        end
+        local moving = got == nil and buckets.refusal('key', name)  -- its bucket began to move
+        if moving then
+            return moving
         end
         if got == nil and waiters:is_head(w) then
             got = grant(name, permits, holder, lease_ms, true)

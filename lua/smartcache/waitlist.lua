@@ -18,8 +18,25 @@ local M = {}
 local List = {}
 List.__index = List
 
+-- Every list made (weak: a list nobody holds goes), for wake_keys.
+local made = setmetatable({}, {__mode = 'k'})
+
 function M.new()
-    return setmetatable({lists = {}, waiting = 0}, List)
+    local list = setmetatable({lists = {}, waiting = 0}, List)
+    made[list] = true
+    return list
+end
+
+-- Wake every waiter, of every list, of the keys for which match(key) is true (a
+-- bucket that begins to move: its waiters answer BUCKET_MOVING instead of waiting on).
+function M.wake_keys(match)
+    for list in pairs(made) do
+        for key in pairs(list.lists) do
+            if match(key) then
+                list:wake_all(key)
+            end
+        end
+    end
 end
 
 function List:join(key)

@@ -14,7 +14,7 @@ local schema = require('smartcache.schema')
 
 local COUNT = 16
 local test = tap.test('moves')
-test:plan(11)
+test:plan(12)
 
 -- A shard holding every bucket but `away` (not held: it will be received).
 local function shard(away)
@@ -211,6 +211,27 @@ test:test('vshard#665: a chunk sent to a destination whose leader changed is not
     util.writable = was
     t:is(r.status, 'NOT_LEADER', 'not the leader: NOT_LEADER')
     t:is(rows_of(B), 0, 'and nothing written')
+end)
+
+test:test('waiters on an object of a bucket that begins to move answer BUCKET_MOVING at once', function(t)
+    t:plan(4)
+    local B = 11
+    local latch, queue = client_of(B), client_of(B, client_of(B))
+    sc.latch_create(nil, latch, 1, 60000)
+    local answers = {}
+    local started = fiber.clock()
+    fiber.create(function() answers.latch = sc.latch_await(nil, latch, 5000) end)
+    fiber.create(function() answers.queue = sc.queue_take(nil, queue, 5000) end)
+    sc.prewarm_acquire(nil, latch, 1, 'owner', 60000, 60000, '', '1')
+    fiber.create(function() answers.prewarm = sc.prewarm_wait(nil, latch, 1, 5000) end)
+    fiber.sleep(0.05)
+    t:is(sc.bucket_send_start(nil, B, 's2', 1).status, 'OK', 'the bucket begins to move')
+    fiber.sleep(0.05)
+    t:is_deeply({answers.latch and answers.latch.status, answers.queue and answers.queue.status},
+                {'BUCKET_MOVING', 'BUCKET_MOVING'}, 'the latch and queue waiters: BUCKET_MOVING')
+    t:is(answers.prewarm and answers.prewarm.status, 'BUCKET_MOVING', 'the prewarm waiter too')
+    t:ok(fiber.clock() - started < 1, 'at once, not at their timeout')
+    sc.bucket_send_abort(nil, B, 2)
 end)
 
 test:test('buckets_held: the active buckets and the moving ones with their rows', function(t)
