@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 
-.PHONY: help run test lint fmt bench fuzz clean reset-data sysdeps venv lua-test docker-test test-faults
+.PHONY: help run test lint fmt bench bench-resharding fuzz clean reset-data sysdeps venv lua-test docker-test test-faults
 .DEFAULT_GOAL := help
 
 help:  ## list the targets (this text)
@@ -86,6 +86,9 @@ fmt: venv  ## ruff format and autofix
 
 bench: venv  ## session scenario at W=1/16/128 vs direct, with CURVE, fsync, HA (3 sync) and one/two-shard rows (about 3 min; var/bench.json)
 	$(PY) -m loadtest bench
+
+bench-resharding: venv  ## half of 1,000,000 sessions moved from one shard to a new one under the session load (about 8 min; var/resharding.json)
+	$(PY) -m loadtest resharding
 
 FUZZ_SECONDS ?= 600
 fuzz: venv  ## coverage-guided fuzzing of the codec with atheris for FUZZ_SECONDS (600); corpus in tests/fuzz/corpus

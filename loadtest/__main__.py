@@ -7,6 +7,7 @@ python -m loadtest overload             # 2.5x capacity against a fresh stack
 python -m loadtest prewarm              # the original's claim: products before login
 python -m loadtest coordination         # issue 17's four numbers: counters, lock hand-over, ids, kill -9
 python -m loadtest events               # issue 16's four numbers: latency, subscriber restart, on/off, drop
+python -m loadtest resharding          # issue 27: half of 1,000,000 sessions moved to a new shard under load
 """
 
 from __future__ import annotations
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--duration", type=float, default=10.0)
     r.add_argument("--lifetime-ms", type=int, default=0)
     r.add_argument("--json", default="var/run.json")
+    _resharding_parser(sub)
     b = sub.add_parser("bench", help="session scenario W=1/16/128 through the service, and direct")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--json", default="var/bench.json")
@@ -323,7 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     Path("var").mkdir(exist_ok=True)
     commands = {"run": cmd_run, "bench": cmd_bench, "overload": cmd_overload, "prewarm": cmd_prewarm}
-    return {**commands, "coordination": cmd_coordination, "events": cmd_events}[a.cmd](a)
+    return {**commands, "coordination": cmd_coordination, "events": cmd_events, "resharding": cmd_resharding}[a.cmd](a)
+
+
+def _resharding_parser(sub: Any) -> None:
+    rs = sub.add_parser("resharding", help="half of a shard's sessions moved to a new shard under the session load")
+    rs.add_argument("--sessions", type=int, default=1_000_000, help="sessions preloaded on the first shard")
+    rs.add_argument("--json", default="var/resharding.json")
+
+
+def cmd_resharding(a: argparse.Namespace) -> int:
+    from loadtest import resharding  # noqa: PLC0415 - its stack needs the server extra
+
+    return resharding.main(a.sessions, a.json)
 
 
 if __name__ == "__main__":

@@ -146,6 +146,7 @@ class ShardedStack:
     #: shard -> its instances (the first shard "" when there is one replica set)
     shards: dict[str, list[Tarantool]]
     etcd_pids: list[int]
+    etcd_urls: list[str]
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far: the service, each shard's leader and followers, etcd."""
@@ -158,9 +159,17 @@ class ShardedStack:
 
 
 @contextlib.contextmanager
-def sharded_stack(shards: int, ttl_s: int = 5, buckets: int = 1024) -> Iterator[ShardedStack]:
+def sharded_stack(
+    shards: int,
+    ttl_s: int = 5,
+    buckets: int = 1024,
+    *,
+    mapped: int | None = None,
+    memtx_memory: str = BENCH_MEMTX_MEMORY,
+) -> Iterator[ShardedStack]:
     """Like ha_stack, but the service discovers the instances in etcd and, with shards > 1, the cluster is
-    sharded by client over that many trios (`cluster init --shards`); shards = 1 is the same path unsharded."""
+    sharded by client over that many trios (`cluster init --shards`); shards = 1 is the same path unsharded.
+    mapped: how many of the trios the bucket map names at the start (the others wait for `shard add`)."""
     from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
     from smartcache.cli import cluster  # noqa: PLC0415 - the server extra's connector
 
@@ -174,7 +183,7 @@ def sharded_stack(shards: int, ttl_s: int = 5, buckets: int = 1024) -> Iterator[
         for name in names:
             env = {
                 "SC_LOG_LEVEL": "4",
-                "SC_MEMTX_MEMORY": BENCH_MEMTX_MEMORY,
+                "SC_MEMTX_MEMORY": memtx_memory,
                 "SC_ETCD": etcd.url,
                 "SC_CLUSTER": f"bench.{name}" if name else "bench",
                 "SC_CLUSTER_SIZE": "3",
@@ -193,13 +202,13 @@ def sharded_stack(shards: int, ttl_s: int = 5, buckets: int = 1024) -> Iterator[
                 etcd=[m.url for m in etcd.members],
                 cluster="bench",
             )
-            made = cluster.shards_init(access, names, buckets)
+            made = cluster.shards_init(access, names[: mapped or len(names)], buckets)
             if made.get("status") != "OK":
                 raise RuntimeError(f"cluster init --shards: {made}")
         first = next(iter(trios.values()))[0]
         env = {"SMARTCACHE_TARANTOOL": "", "SMARTCACHE_ETCD": etcd.url, "SMARTCACHE_CLUSTER": "bench"}
         with service(first, base / "service.log", env) as sut:
-            yield ShardedStack(sut, trios, [m.pid for m in etcd.members])
+            yield ShardedStack(sut, trios, [m.pid for m in etcd.members], [m.url for m in etcd.members])
     finally:
         for trio in trios.values():
             for n in trio:
