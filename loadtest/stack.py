@@ -166,14 +166,16 @@ def sharded_stack(
     *,
     mapped: int | None = None,
     memtx_memory: str = BENCH_MEMTX_MEMORY,
+    data_dir: str | None = None,
 ) -> Iterator[ShardedStack]:
     """Like ha_stack, but the service discovers the instances in etcd and, with shards > 1, the cluster is
     sharded by client over that many trios (`cluster init --shards`); shards = 1 is the same path unsharded.
-    mapped: how many of the trios the bucket map names at the start (the others wait for `shard add`)."""
+    mapped: how many of the trios the bucket map names at the start (the others wait for `shard add`);
+    data_dir: where the instances' files go (default the temp dir)."""
     from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
     from smartcache.cli import cluster  # noqa: PLC0415 - the server extra's connector
 
-    base = Path(tempfile.mkdtemp(prefix="smartcache-bench-shards-"))
+    base = Path(tempfile.mkdtemp(prefix="smartcache-bench-shards-", dir=data_dir))
     etcd = EtcdCluster.create(base)
     etcd.start()
     names = [f"s{k}" for k in range(1, shards + 1)] if shards > 1 else [""]

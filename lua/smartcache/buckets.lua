@@ -105,6 +105,32 @@ end
 M.receiving = nil
 -- True while buckets_init stamps the rows written before sharding (of every bucket).
 M.backfilling = false
+-- The bucket whose rows a move deletes now (smartcache.moves: a given-up copy, a sent bucket's garbage).
+M.purging = nil
+
+-- Whether this shard serves the bucket of a row of space_name (true when the cluster is not
+-- sharded, for spaces outside buckets and for rows of no bucket): what the background fibers
+-- (expiry, queue timeouts) check before they change a row, so that a moving bucket's rows
+-- stay as the copy read them.
+function M.serves_row(space_name, t)
+    local pos = schema.F[space_name] and schema.F[space_name].bucket
+    if pos == nil then
+        return true
+    end
+    local count = M.count()
+    if count == nil then
+        return true
+    end
+    local b = t[pos]
+    if b == nil then
+        b = M.of_row(space_name, t, count)
+        if b == nil then
+            return true
+        end
+    end
+    local state = box.space.sc_buckets:get(b)
+    return state ~= nil and state[2] == 'active'
+end
 
 -- Raised by a write of a row whose bucket is not active here (a procedure that
 -- checked its bucket, then yielded while a move began): the transaction fails,
@@ -137,12 +163,21 @@ end
 -- A replica receives rows with it already (it does nothing then).
 local function stamper(space_name)
     local pos = schema.F[space_name].bucket
-    return function(_, new)
-        if new == nil then
-            return new  -- deletes (expiry, a move's garbage) are never refused
-        end
+    return function(old, new)
         local count = M.count()
         if count == nil then
+            return new
+        end
+        if new == nil then
+            -- A delete: of an active bucket's row, or a move's purge (background fibers skip the others:
+            -- serves_row); replicated deletes pass.
+            local b = old[pos] or M.of_row(space_name, old, count)
+            if b ~= nil and b ~= M.purging and box.session.type() ~= 'applier' then
+                local state = box.space.sc_buckets:get(b)
+                if state == nil or state[2] ~= 'active' then
+                    not_active(b, state and state[2])
+                end
+            end
             return new
         end
         local b = new[pos]
@@ -233,16 +268,18 @@ function M.backfill()
             if #todo == 0 then
                 break
             end
-            M.backfilling = true  -- rows of every bucket, held here or not (those not held wait for a move)
-            local ok, err = pcall(box.atomic, function()
-                for _, t in ipairs(todo) do
-                    space:replace(t)
+            box.atomic(function()
+                M.backfilling = true  -- rows of every bucket, held here or not (those not held wait for a move)
+                local ok, err = pcall(function()
+                    for _, t in ipairs(todo) do
+                        space:replace(t)
+                    end
+                end)
+                M.backfilling = false  -- before the commit yields
+                if not ok then
+                    error(err, 0)
                 end
             end)
-            M.backfilling = false
-            if not ok then
-                error(err, 0)
-            end
             stamped = stamped + #todo
             fiber.yield()
         end

@@ -17,12 +17,17 @@ local util = require('smartcache.util')
 local config = require('smartcache.config')
 local schema = require('smartcache.schema')
 local sessions = require('smartcache.sessions')
+local buckets = require('smartcache.buckets')
 
 local M = {}
 
 M.expired = {sessions = 0, cache = 0, prewarm = 0, idempotency = 0, counters = 0, registers = 0, latches = 0,
              semaphore_holders = 0}
 M.errors = 0
+-- Due rows of buckets that are moving (not active here) passed over per sweep at most, and how long
+-- a sweep that found only those waits before it looks again.
+M.SKIP_MAX = 10000
+M.SKIP_PAUSE_S = 0.5
 -- True while all sweeping is held (set_paused: tests, maintenance); the fibers keep sleeping.
 M.paused = false
 
@@ -91,12 +96,16 @@ function M.sweep_once(name)
     local spec = spaces[name]
     local index = box.space[name].index.by_deadline
     local now = util.now_ms()
-    local due = {}
+    local due, skipped = {}, 0
     for _, t in index:pairs({}, {iterator = 'GE'}) do
-        if t[spec.deadline] > now or #due >= config.sweep_batch then
+        if t[spec.deadline] > now or #due >= config.sweep_batch or skipped >= M.SKIP_MAX then
             break
         end
-        table.insert(due, t)
+        if buckets.serves_row(name, t) then
+            table.insert(due, t)
+        else
+            skipped = skipped + 1  -- a moving bucket's row: left as the copy reads it (the new shard expires it)
+        end
     end
     if #due > 0 then
         util.atomic(function()
@@ -110,6 +119,9 @@ function M.sweep_once(name)
     local first = index:min()
     if first ~= nil then
         next_in = math.min(next_in, math.max(first[spec.deadline] - util.now_ms(), 0) / 1000)
+    end
+    if skipped > 0 and #due == 0 then
+        next_in = math.max(next_in, M.SKIP_PAUSE_S)  -- only rows of moving buckets are due: no busy loop
     end
     return #due, next_in
 end

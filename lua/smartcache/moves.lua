@@ -13,7 +13,13 @@
 --   source: active --send_start--> sending --send_done--> sent --gc--> garbage --gc--> (row gone)
 --                      \--send_abort (generation + 1)--> active
 --   destination: (none) --recv_start--> receiving --recv_done--> active
---                                          \--recv_abort--> (rows and row gone)
+--                                          \--recv_abort--> aborting --> (rows and row gone)
+--
+-- Every deletion of a bucket's rows (a stale copy, the garbage of a sent bucket) first
+-- marks the row (aborting, garbage) in a checked transaction, and each batch it deletes
+-- checks the mark again in its own transaction: no purge deletes rows of a copy that
+-- another step has taken over since. A transition reads the bucket's row only once no
+-- write of it waits for its quorum (Tarantool 2.6 has no MVCC: a read would see it).
 --
 -- The order that keeps a bucket active on at most one shard: the destination
 -- turns active only after the source is sent (the driver's rule, checked by the
@@ -24,6 +30,7 @@ local key_def = require('key_def')
 local schema = require('smartcache.schema')
 local util = require('smartcache.util')
 local buckets = require('smartcache.buckets')
+local quorum = require('smartcache.quorum')
 local events = require('smartcache.events')
 local waitlist = require('smartcache.waitlist')
 local prewarm = require('smartcache.prewarm')
@@ -35,6 +42,9 @@ M.CHUNK_MAX = 2000
 M.DELETE_BATCH = 500
 
 local STATUS, GEN, PEER, SINCE = 2, 3, 4, 5
+
+-- How long a transition waits for a pending write of its bucket's row to get its quorum.
+M.PENDING_WAIT_S = 5
 
 local function describe(t)
     if t == nil then
@@ -57,11 +67,15 @@ local function refused(bucket, t, wanted)
         t and string.format('%s (generation %d)', t[STATUS], t[GEN]) or 'not held', wanted)})
 end
 
--- The checks every transition makes first: a sharded shard, a bucket in range, its leader.
+local NOT_SHARDED = {status = 'NOT_SHARDED', message = 'this replica set is not a shard of a sharded cluster'}
+
+-- The checks every transition makes first: a sharded shard, a bucket in range, its leader, and no
+-- write of the bucket's row waiting for its quorum (what follows reads the row, and commits nothing
+-- between that read and its own write: no yield).
 local function check(bucket, generation)
     local count = buckets.count()
     if count == nil then
-        return util.result('NOT_SHARDED', {message = 'this replica set is not a shard of a sharded cluster'})
+        return NOT_SHARDED
     end
     if type(bucket) ~= 'number' or bucket ~= math.floor(bucket) or bucket < 0 or bucket >= count then
         return util.bad_request(string.format('bucket must be an integer in 0..%d', count - 1))
@@ -73,6 +87,13 @@ local function check(bucket, generation)
     if not util.writable() then
         return util.result('NOT_LEADER')
     end
+    if not quorum.wait_key('sc_buckets', bucket, fiber.time() + M.PENDING_WAIT_S) then
+        return util.result('BUCKET_STATE', {bucket = bucket, message = 'a write of the bucket\'s row still waits '
+            .. 'for its quorum: ask again'})
+    end
+    if not util.writable() then
+        return util.result('NOT_LEADER')
+    end
     return nil
 end
 
@@ -80,59 +101,141 @@ local function set(bucket, status, generation, peer)
     box.space.sc_buckets:replace({bucket, status, generation, peer or box.NULL, util.now_ms()})
 end
 
--- Delete up to limit rows of bucket, space after space, in one transaction; how many.
-local function delete_some(bucket, limit)
-    local deleted = 0
-    util.atomic(function()
-        for _, name in ipairs(schema.SHARDED) do
-            local space = box.space[name]
-            local pk = space.index.primary
-            for _, t in space.index.by_bucket:pairs({bucket}, {iterator = 'EQ'}) do
+local function is(t, status, generation)
+    return t ~= nil and t[STATUS] == status and t[GEN] == generation
+end
+
+local key_defs = {}
+local function pk_of(space)
+    local kd = key_defs[space.id]
+    if kd == nil then
+        kd = key_def.new(space.index.primary.parts)
+        key_defs[space.id] = kd
+    end
+    return kd
+end
+
+-- Delete up to limit rows of bucket, space after space, in one transaction, while the bucket's row
+-- is still marked (status, generation) (checked in that transaction); how many, or nil when the mark
+-- is gone (another step took the bucket over: stop).
+local function delete_some(bucket, limit, status, generation)
+    return util.atomic(function()
+        if not is(box.space.sc_buckets:get(bucket), status, generation) then
+            return nil
+        end
+        local deleted = 0
+        buckets.purging = bucket
+        local ok, err = pcall(function()
+            for _, name in ipairs(schema.SHARDED) do
+                local space = box.space[name]
+                local pk = pk_of(space)
+                local keys = {}
+                for _, t in space.index.by_bucket:pairs({bucket}, {iterator = 'EQ'}) do
+                    if deleted + #keys >= limit then
+                        break
+                    end
+                    table.insert(keys, pk:extract_key(t))
+                end
+                for _, key in ipairs(keys) do
+                    space:delete(key)
+                end
+                deleted = deleted + #keys
                 if deleted >= limit then
                     return
                 end
-                space:delete(key_def.new(pk.parts):extract_key(t))
-                deleted = deleted + 1
             end
+        end)
+        buckets.purging = nil  -- before the commit yields
+        if not ok then
+            error(err, 0)
         end
+        return deleted
     end)
-    return deleted
 end
 
--- Every row of bucket deleted, DELETE_BATCH per transaction, yielding between.
-local function purge(bucket)
+-- Every row of bucket deleted while its row is marked (status, generation), DELETE_BATCH per
+-- transaction, yielding between; how many, and whether the mark held to the end.
+local function purge(bucket, status, generation)
     local total = 0
     while true do
-        local n = delete_some(bucket, M.DELETE_BATCH)
+        local n = delete_some(bucket, M.DELETE_BATCH, status, generation)
+        if n == nil then
+            return total, false
+        end
         total = total + n
         if n == 0 then
-            return total
+            return total, true
         end
         fiber.yield()
     end
 end
 
--- sc.bucket_state(bucket): the bucket's row here and how many rows it has in each space.
-function M.state(bucket)
-    local count = buckets.count()
-    if count == nil then
-        return util.result('NOT_SHARDED', {message = 'this replica set is not a shard of a sharded cluster'})
-    end
-    local t = box.space.sc_buckets:get(bucket)
+local function rows_of(bucket)
     local rows = 0
     for _, name in ipairs(schema.SHARDED) do
         rows = rows + box.space[name].index.by_bucket:count({bucket})
     end
-    return answer('OK', bucket, t, {rows = rows, now_ms = util.now_ms()})
+    return rows
 end
 
--- sc.buckets_held(): the buckets active here ({bucket, generation} each), and
--- every bucket in another state with its row (what the settler and `cluster
--- status` read).
+-- What the sequences that rows carry numbers of have handed out here (nil: never used).
+local NUMBERED = {semaphore_holders = {'token', 'sc_fence'}, queue_tasks = {'id', 'sc_task_id'}}
+
+local function current(seq_name)
+    local seq = box.sequence[seq_name]
+    if seq == nil then
+        return nil
+    end
+    local ok, v = pcall(seq.current, seq)  -- raises on a sequence never used (2.6)
+    return ok and v or nil
+end
+
+local function numbers()
+    return {sc_fence = current('sc_fence') or box.NULL, sc_task_id = current('sc_task_id') or box.NULL}
+end
+
+-- Raise a sequence to at least v: what this shard hands out next stays above what the rows
+-- and the source handed out (a fencing token only grows; a task id is unique).
+local function raise(seq_name, v)
+    local seq = box.sequence[seq_name]
+    if seq ~= nil and type(v) == 'number' then
+        local cur = current(seq_name)
+        if cur == nil or cur < v then
+            seq:set(v)
+        end
+    end
+end
+
+-- sc.bucket_state(bucket): the bucket's row here, how many rows it has (every space), the numbers
+-- this shard's sequences handed out, and this instance's clock. NOT_LEADER off the leader (a
+-- follower's or a deposed leader's row may lag: nobody decides on it).
+function M.state(bucket)
+    local count = buckets.count()
+    if count == nil then
+        return NOT_SHARDED
+    end
+    if type(bucket) ~= 'number' or bucket ~= math.floor(bucket) or bucket < 0 or bucket >= count then
+        return util.bad_request(string.format('bucket must be an integer in 0..%d', count - 1))
+    end
+    if not util.writable() then
+        return util.result('NOT_LEADER')
+    end
+    local settled = quorum.wait_key('sc_buckets', bucket, fiber.time() + M.PENDING_WAIT_S)
+    local t = box.space.sc_buckets:get(bucket)
+    return answer('OK', bucket, t, {rows = rows_of(bucket), now_ms = util.now_ms(), numbers = numbers(),
+                                    pending = not settled})
+end
+
+-- sc.buckets_held(): the buckets active here ({bucket, generation} each), and every bucket in
+-- another state with its row, marked pending while a write of it waits for its quorum (what the
+-- settler and `cluster status` read). NOT_LEADER off the leader.
 function M.held()
     local count = buckets.count()
     if count == nil then
-        return util.result('NOT_SHARDED', {message = 'this replica set is not a shard of a sharded cluster'})
+        return NOT_SHARDED
+    end
+    if not util.writable() then
+        return util.result('NOT_LEADER')
     end
     local active, moving = {}, {}
     for _, t in box.space.sc_buckets:pairs() do
@@ -141,17 +244,19 @@ function M.held()
         else
             local d = describe(t)
             d.bucket = t[1]
+            d.pending = quorum.is_pending('sc_buckets', t[1])
             table.insert(moving, d)
         end
     end
     return util.result('OK', {count = count, active = active, moving = moving, now_ms = util.now_ms(),
-                              writable = util.writable()})
+                              writable = true})
 end
 
 -- sc.bucket_send_start(bucket, destination, generation): active at generation ->
 -- sending to destination at generation + 1. From then on every call of the bucket
--- is answered BUCKET_MOVING (retryable) and a write already under way that has not
--- written yet fails at its write (the stamping trigger checks the state).
+-- is answered BUCKET_MOVING (retryable), a write already under way that has not
+-- written yet fails at its write (the stamping trigger checks the state), and the
+-- fibers waiting on an object of the bucket answer BUCKET_MOVING.
 function M.send_start(bucket, destination, generation)
     local bad = check(bucket, generation)
     if bad ~= nil then
@@ -162,10 +267,10 @@ function M.send_start(bucket, destination, generation)
     end
     local r = util.atomic(function()
         local t = box.space.sc_buckets:get(bucket)
-        if t ~= nil and t[STATUS] == 'sending' and t[PEER] == destination and t[GEN] == generation + 1 then
+        if is(t, 'sending', generation + 1) and t[PEER] == destination then
             return answer('OK', bucket, t)  -- a repeat
         end
-        if t == nil or t[STATUS] ~= 'active' or t[GEN] ~= generation then
+        if not is(t, 'active', generation) then
             return refused(bucket, t, string.format('active at generation %d', generation))
         end
         set(bucket, 'sending', generation + 1, destination)
@@ -194,10 +299,10 @@ function M.send_abort(bucket, generation)
     end
     return util.atomic(function()
         local t = box.space.sc_buckets:get(bucket)
-        if t ~= nil and t[STATUS] == 'active' and t[GEN] == generation + 1 then
+        if is(t, 'active', generation + 1) then
             return answer('OK', bucket, t)
         end
-        if t == nil or t[STATUS] ~= 'sending' or t[GEN] ~= generation then
+        if not is(t, 'sending', generation) then
             return refused(bucket, t, string.format('sending at generation %d', generation))
         end
         set(bucket, 'active', generation + 1, nil)
@@ -215,10 +320,10 @@ function M.send_done(bucket, generation)
     end
     return util.atomic(function()
         local t = box.space.sc_buckets:get(bucket)
-        if t ~= nil and (t[STATUS] == 'sent' or t[STATUS] == 'garbage') and t[GEN] == generation then
+        if is(t, 'sent', generation) or is(t, 'garbage', generation) then
             return answer('OK', bucket, t)
         end
-        if t == nil or t[STATUS] ~= 'sending' or t[GEN] ~= generation then
+        if not is(t, 'sending', generation) then
             return refused(bucket, t, string.format('sending at generation %d', generation))
         end
         set(bucket, 'sent', generation, t[PEER])
@@ -229,9 +334,8 @@ function M.send_done(bucket, generation)
     end)
 end
 
--- sc.bucket_gc(bucket, generation): a sent bucket's rows deleted, DELETE_BATCH per
--- transaction (the first turns it garbage); when none is left its row goes too.
--- Answers OK {deleted, done}; done once the bucket is gone from this shard.
+-- sc.bucket_gc(bucket, generation): a sent bucket's rows deleted (it turns garbage
+-- first), DELETE_BATCH per transaction; then its row goes too. Answers OK {deleted, done}.
 function M.gc(bucket, generation)
     local bad = check(bucket, generation)
     if bad ~= nil then
@@ -241,26 +345,32 @@ function M.gc(bucket, generation)
     if t == nil then
         return answer('OK', bucket, t, {deleted = 0, done = true})
     end
-    if (t[STATUS] ~= 'sent' and t[STATUS] ~= 'garbage') or t[GEN] ~= generation then
+    if not (is(t, 'sent', generation) or is(t, 'garbage', generation)) then
         return refused(bucket, t, string.format('sent at generation %d', generation))
     end
     if t[STATUS] == 'sent' then
-        util.atomic(set, bucket, 'garbage', generation, t[PEER])
+        util.atomic(function()
+            if is(box.space.sc_buckets:get(bucket), 'sent', generation) then
+                set(bucket, 'garbage', generation, t[PEER])
+            end
+        end)
     end
-    local deleted = purge(bucket)
-    util.atomic(function()
-        local now = box.space.sc_buckets:get(bucket)
-        if now ~= nil and now[STATUS] == 'garbage' and now[GEN] == generation then
-            box.space.sc_buckets:delete(bucket)
-        end
-    end)
-    return answer('OK', bucket, nil, {deleted = deleted, done = true})
+    local deleted, held = purge(bucket, 'garbage', generation)
+    if held then
+        util.atomic(function()
+            if is(box.space.sc_buckets:get(bucket), 'garbage', generation) then
+                box.space.sc_buckets:delete(bucket)
+            end
+        end)
+    end
+    return answer('OK', bucket, box.space.sc_buckets:get(bucket), {deleted = deleted, done = held})
 end
 
--- sc.bucket_recv_start(bucket, source, generation): receiving from source at
--- generation. A stale copy of an earlier, given-up move (receiving at a lower
--- generation) is deleted first.
-function M.recv_start(bucket, source, generation)
+-- sc.bucket_recv_start(bucket, source, generation, numbers?): receiving from source at
+-- generation. Whatever of the bucket is here already (a copy of an earlier, given-up
+-- move; the garbage of a move away from here; rows of a bucket not held) is deleted
+-- first. numbers: the source's sequences ({sc_fence, sc_task_id}), raised to here.
+function M.recv_start(bucket, source, generation, nums)
     local bad = check(bucket, generation)
     if bad ~= nil then
         return bad
@@ -268,37 +378,40 @@ function M.recv_start(bucket, source, generation)
     if type(source) ~= 'string' or source == '' then
         return util.bad_request('source must be a shard name')
     end
-    local t = box.space.sc_buckets:get(bucket)
-    if t ~= nil and t[STATUS] == 'receiving' and t[GEN] == generation and t[PEER] == source then
-        return answer('OK', bucket, t)
+    nums = util.opt(nums, {})
+    if type(nums) ~= 'table' then
+        return util.bad_request('numbers must be a map {sc_fence, sc_task_id}')
     end
-    if t ~= nil and not (t[STATUS] == 'receiving' and t[GEN] < generation) then
-        return refused(bucket, t, 'absent (or receiving at a lower generation)')
+    local first = util.atomic(function()
+        local t = box.space.sc_buckets:get(bucket)
+        if is(t, 'receiving', generation) and t[PEER] == source then
+            return answer('OK', bucket, t)  -- a repeat
+        end
+        local stale = t == nil or (t[GEN] < generation and (t[STATUS] == 'receiving' or t[STATUS] == 'aborting'
+            or t[STATUS] == 'sent' or t[STATUS] == 'garbage'))
+        if not stale then
+            return refused(bucket, t, 'absent (or an older copy or garbage)')
+        end
+        set(bucket, 'aborting', generation, source)  -- what is here goes first
+        return nil
+    end)
+    if first ~= nil then
+        return first
     end
-    if t ~= nil then
-        purge(bucket)
+    local _, held = purge(bucket, 'aborting', generation)
+    if not held then
+        return refused(bucket, box.space.sc_buckets:get(bucket), 'as it was (taken over while purging)')
     end
-    if box.space.sc_buckets:get(bucket) ~= nil and box.space.sc_buckets:get(bucket)[GEN] >= generation then
-        return refused(bucket, box.space.sc_buckets:get(bucket), 'absent')  -- changed while purging
-    end
-    util.atomic(set, bucket, 'receiving', generation, source)
-    return answer('OK', bucket, box.space.sc_buckets:get(bucket))
-end
-
--- The sequences whose numbers rows carry: a moved row's number must stay below
--- what this shard hands out next (a fencing token only grows; a task id is unique).
-local NUMBERED = {semaphore_holders = {'token', 'sc_fence'}, queue_tasks = {'id', 'sc_task_id'}}
-
-local function advance(name, t)
-    local numbered = NUMBERED[name]
-    if numbered == nil then
-        return
-    end
-    local seq = box.sequence[numbered[2]]
-    local v = t[schema.F[name][numbered[1]]]
-    if seq ~= nil and type(v) == 'number' and seq:current() < v then
-        seq:set(v)
-    end
+    return util.atomic(function()
+        local t = box.space.sc_buckets:get(bucket)
+        if not is(t, 'aborting', generation) then
+            return refused(bucket, t, 'as it was (taken over while purging)')
+        end
+        raise('sc_fence', nums.sc_fence)
+        raise('sc_task_id', nums.sc_task_id)
+        set(bucket, 'receiving', generation, source)
+        return answer('OK', bucket, box.space.sc_buckets:get(bucket))
+    end)
 end
 
 -- sc.bucket_recv(bucket, generation, space, rows): a chunk of the copy, written as
@@ -317,9 +430,9 @@ function M.recv(bucket, generation, space_name, rows)
         return util.bad_request(string.format('rows must be a list of at most %d rows', M.CHUNK_MAX))
     end
     local count, pos = buckets.count(), schema.F[space_name].bucket
-    local pk = key_def.new(space.index.primary.parts)
+    local pk = pk_of(space)
     local t = box.space.sc_buckets:get(bucket)
-    if t == nil or t[STATUS] ~= 'receiving' or t[GEN] ~= generation then
+    if not is(t, 'receiving', generation) then
         return refused(bucket, t, string.format('receiving at generation %d', generation))
     end
     local tuples = {}
@@ -335,15 +448,21 @@ function M.recv(bucket, generation, space_name, rows)
         end
         tuples[i] = tuple
     end
+    local numbered = NUMBERED[space_name]
     return util.atomic(function()
+        if not is(box.space.sc_buckets:get(bucket), 'receiving', generation) then
+            return refused(bucket, box.space.sc_buckets:get(bucket), 'receiving')
+        end
         buckets.receiving = bucket
         local ok, err = pcall(function()
             for _, tuple in ipairs(tuples) do
                 space:replace(tuple)
-                advance(space_name, tuple)
+                if numbered ~= nil then
+                    raise(numbered[2], tuple[schema.F[space_name][numbered[1]]])
+                end
             end
         end)
-        buckets.receiving = nil
+        buckets.receiving = nil  -- before the commit yields
         if not ok then
             error(err, 0)
         end
@@ -361,10 +480,10 @@ function M.recv_done(bucket, generation)
     end
     return util.atomic(function()
         local t = box.space.sc_buckets:get(bucket)
-        if t ~= nil and t[STATUS] == 'active' and t[GEN] == generation then
+        if is(t, 'active', generation) then
             return answer('OK', bucket, t)
         end
-        if t == nil or t[STATUS] ~= 'receiving' or t[GEN] ~= generation then
+        if not is(t, 'receiving', generation) then
             return refused(bucket, t, string.format('receiving at generation %d', generation))
         end
         set(bucket, 'active', generation, nil)
@@ -375,38 +494,50 @@ function M.recv_done(bucket, generation)
     end)
 end
 
--- sc.bucket_recv_abort(bucket, generation): a copy receiving at generation or
--- lower deleted, rows and row (the source gave the move up, or rolled it back).
+-- sc.bucket_recv_abort(bucket, generation): a copy receiving (or being deleted) at
+-- generation or lower deleted, rows and row: the source gave the move up, or rolled it
+-- back. It is marked aborting first (no chunk and no recv_done is taken from then on).
 function M.recv_abort(bucket, generation)
     local bad = check(bucket, generation)
     if bad ~= nil then
         return bad
     end
-    local t = box.space.sc_buckets:get(bucket)
-    if t == nil then
-        return answer('OK', bucket, t, {deleted = 0})
-    end
-    if t[STATUS] ~= 'receiving' or t[GEN] > generation then
-        return refused(bucket, t, string.format('receiving at generation %d or lower', generation))
-    end
-    local deleted = purge(bucket)
-    util.atomic(function()
-        local now = box.space.sc_buckets:get(bucket)
-        if now ~= nil and now[STATUS] == 'receiving' and now[GEN] <= generation then
-            box.space.sc_buckets:delete(bucket)
+    local mark = util.atomic(function()
+        local t = box.space.sc_buckets:get(bucket)
+        if t == nil then
+            return {done = answer('OK', bucket, t, {deleted = 0})}
         end
+        if (t[STATUS] ~= 'receiving' and t[STATUS] ~= 'aborting') or t[GEN] > generation then
+            return {done = refused(bucket, t, string.format('receiving at generation %d or lower', generation))}
+        end
+        if t[STATUS] == 'receiving' then
+            set(bucket, 'aborting', t[GEN], t[PEER])
+        end
+        return {generation = t[GEN]}
     end)
-    return answer('OK', bucket, nil, {deleted = deleted})
+    if mark.done ~= nil then
+        return mark.done
+    end
+    local deleted, held = purge(bucket, 'aborting', mark.generation)
+    if held then
+        util.atomic(function()
+            if is(box.space.sc_buckets:get(bucket), 'aborting', mark.generation) then
+                box.space.sc_buckets:delete(bucket)
+            end
+        end)
+    end
+    return answer('OK', bucket, box.space.sc_buckets:get(bucket), {deleted = deleted, done = held})
 end
 
 -- sc.bucket_rows(bucket, generation, space, after, limit): a page of the rows of a
 -- sending bucket in one space, in primary key order after the key `after` (nil:
--- from the first). The bucket's rows do not change while it is sending (writes
--- are refused; expiry may delete, which a page after a key does not skip over).
+-- from the first). The bucket's rows do not change while it is sending: writes and
+-- deletes are refused (the stamping trigger), expiry and queue timeouts pass over them.
+-- A page after a key scans the bucket's rows before it (O(rows of the bucket) a page).
 function M.rows(bucket, generation, space_name, after, limit)
     local count = buckets.count()
     if count == nil then
-        return util.result('NOT_SHARDED', {message = 'this replica set is not a shard of a sharded cluster'})
+        return NOT_SHARDED
     end
     local space = box.space[space_name]
     if schema.F[space_name] == nil or schema.F[space_name].bucket == nil or space == nil then
@@ -416,11 +547,14 @@ function M.rows(bucket, generation, space_name, after, limit)
     if type(limit) ~= 'number' or limit < 1 or limit > M.CHUNK_MAX then
         return util.bad_request(string.format('limit must be 1..%d', M.CHUNK_MAX))
     end
-    local t = box.space.sc_buckets:get(bucket)
-    if t == nil or t[STATUS] ~= 'sending' or t[GEN] ~= generation then
-        return refused(bucket, t, string.format('sending at generation %d', generation))
+    if not util.writable() then
+        return util.result('NOT_LEADER')
     end
-    local pk = key_def.new(space.index.primary.parts)
+    local t = box.space.sc_buckets:get(bucket)
+    if not is(t, 'sending', generation) or quorum.is_pending('sc_buckets', bucket) then
+        return refused(bucket, t, string.format('sending at generation %d, committed', generation))
+    end
+    local pk = pk_of(space)
     local out, last = {}, box.NULL
     after = util.opt(after, nil)
     for _, row in space.index.by_bucket:pairs({bucket}, {iterator = 'EQ'}) do

@@ -269,21 +269,34 @@ local function due(t, now)
     end
 end
 
+-- Due tasks of moving buckets passed over per state at most, and when to look at them again.
+local SKIP_MAX, SKIP_PAUSE_MS = 10000, 500
+
 -- Move up to one batch per state; returns (tasks moved, the earliest next_event still ahead or nil).
 function M.process_once(now)
     local moved, next_at = 0, nil
     for _, state in ipairs({DELAYED, TAKEN, READY}) do
-        local batch = {}
+        local batch, skipped = {}, 0
         for _, t in space().index.watch:pairs({state}) do
             if t[F.next_event] > now then
                 next_at = math.min(next_at or t[F.next_event], t[F.next_event])
                 break
             end
-            table.insert(batch, t)
+            if buckets.serves_row('queue_tasks', t) then
+                table.insert(batch, t)
+            else
+                skipped = skipped + 1  -- a moving bucket's task: the new shard's to move on
+                if skipped >= SKIP_MAX then
+                    break
+                end
+            end
             if #batch >= config.sweep_batch then
                 next_at = now
                 break
             end
+        end
+        if skipped > 0 and #batch == 0 then
+            next_at = math.min(next_at or now + SKIP_PAUSE_MS, now + SKIP_PAUSE_MS)
         end
         if #batch > 0 then
             box.atomic(function()

@@ -142,6 +142,12 @@ function M.wait_key(space_name, key, deadline)
     return true
 end
 
+-- Whether a write of key in space_name waits for its quorum now (what a read would see is not committed).
+function M.is_pending(space_name, key)
+    local p = pending[space_name]
+    return p ~= nil and p[key] ~= nil
+end
+
 -- For writes our own fibers make outside the guarded spaces (the events
 -- partitions' DDL): make the open transaction synchronous when a synchronous
 -- transaction is in flight, so that no asynchronous transaction enters the

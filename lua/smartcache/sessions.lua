@@ -450,6 +450,11 @@ function M.delete_client(deadline_ms, key, client_id, except)
         if deadline_ms ~= nil and util.now_ms() >= deadline_ms then
             return util.result('OK', {deleted = deleted, cache_deleted = cache_deleted, more = true})
         end
+        -- Each batch is its own transaction and the batches yield between them: a move of the client's
+        -- bucket may begin meanwhile. Then the rest is the new shard's to delete (asked again there).
+        if deleted > 0 and buckets.refusal('key', client_id) ~= nil then
+            return util.result('OK', {deleted = deleted, cache_deleted = cache_deleted, more = true})
+        end
         local now = util.now_ms()
         local batch = {}
         for _, t in box.space.sessions.index.by_client:pairs({client_id}, {iterator = 'EQ'}) do

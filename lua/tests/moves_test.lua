@@ -14,7 +14,7 @@ local schema = require('smartcache.schema')
 
 local COUNT = 16
 local test = tap.test('moves')
-test:plan(12)
+test:plan(17)
 
 -- A shard holding every bucket but `away` (not held: it will be received).
 local function shard(away)
@@ -234,6 +234,86 @@ test:test('waiters on an object of a bucket that begins to move answer BUCKET_MO
     sc.bucket_send_abort(nil, B, 2)
 end)
 
+test:test('recv_abort marks the copy aborting first: no chunk or recv_done is taken while it is deleted', function(t)
+    t:plan(5)
+    local B = 12
+    box.space.sc_buckets:delete(B)
+    local row = {buckets.session_id(require('uuid').str(), B), client_of(B), '1', 1, now, 600000, now + 600000,
+                 box.NULL, now, box.NULL, B}
+    sc.bucket_recv_start(nil, B, 's1', 2)
+    sc.bucket_recv(nil, B, 2, 'sessions', {row})
+    local row2 = {buckets.session_id(require('uuid').str(), B), client_of(B), '1', 1, now, 600000, now + 600000,
+                  box.NULL, now, box.NULL, B}
+    sc.bucket_recv(nil, B, 2, 'sessions', {row2})
+    local saved = moves.DELETE_BATCH
+    moves.DELETE_BATCH = 1
+    local aborted
+    fiber.create(function() aborted = sc.bucket_recv_abort(nil, B, 2) end)
+    t:is(box.space.sc_buckets:get(B)[2], 'aborting', 'marked aborting before its rows go')
+    t:is(sc.bucket_recv_done(nil, B, 2).status, 'BUCKET_STATE', 'recv_done refused while it is deleted')
+    t:is(sc.bucket_recv(nil, B, 2, 'sessions', {row}).status, 'BUCKET_STATE', 'a chunk refused too')
+    fiber.sleep(0.1)
+    moves.DELETE_BATCH = saved
+    t:is_deeply({aborted and aborted.status, aborted and aborted.done}, {'OK', true}, 'then gone')
+    t:is(box.space.sc_buckets:get(B), nil, 'rows and row')
+end)
+
+test:test('the fence refuses deletes of a bucket not active here; expiry passes over its rows', function(t)
+    t:plan(5)
+    local B = 13
+    local expiry = require('smartcache.expiry')
+    local c = client_of(B)
+    local sid13 = sc.session_create(nil, nil, c, nil, 600, {v = 1}).session_id
+    box.space.sessions:update(sid13, {{'=', 7, 1}})  -- its deadline passed (active still: written)
+    local was = expiry.set_paused(true)
+    t:is(sc.bucket_send_start(nil, B, 's2', 1).status, 'OK', 'sending')
+    local ok, err = pcall(box.atomic, function() box.space.sessions:delete(sid13) end)
+    t:is(ok, false, 'a delete of its row fails: ' .. tostring(err))
+    local n = expiry.sweep_once('sessions')
+    t:is(box.space.sessions:get(sid13) ~= nil, true, 'the sweeper passed over it (' .. tostring(n) .. ' deleted)')
+    t:is(sc.bucket_send_abort(nil, B, 2).status, 'OK', 'active again')
+    expiry.sweep_once('sessions')
+    t:is(box.space.sessions:get(sid13), nil, 'and then it expires here')
+    expiry.set_paused(was)
+end)
+
+test:test('numbers: a moved holder\'s token and the source\'s sequences stay below what is handed out next', function(t)
+    t:plan(4)
+    local B = 14
+    box.space.sc_buckets:delete(B)
+    local name = client_of(B)
+    t:is(sc.bucket_recv_start(nil, B, 's1', 2, {sc_fence = 500, sc_task_id = 700}).status, 'OK', 'receiving')
+    local holder = {name, 'h1', 900, 1, now, now + 600000, B}
+    t:is(sc.bucket_recv(nil, B, 2, 'semaphore_holders', {holder}).written, 1, 'a holder with token 900 moved in')
+    sc.bucket_recv_done(nil, B, 2)
+    local st = sc.bucket_state(nil, B)
+    t:ok(st.numbers.sc_fence >= 900 and st.numbers.sc_task_id >= 700, 'the sequences raised: '
+         .. tostring(st.numbers.sc_fence) .. ', ' .. tostring(st.numbers.sc_task_id))
+    local got = sc.semaphore_acquire(nil, client_of(B, name), 1, 'h2', 60000, 0)
+    t:ok(got.status == 'OK' and got.token > 900, 'the next token: ' .. tostring(got.token))
+end)
+
+test:test('recv_start takes over the garbage of an older move away from here (the bucket comes back)', function(t)
+    t:plan(3)
+    local B = 15
+    box.space.sc_buckets:replace({B, 'garbage', 4, 's2', now})  -- a gc that never finished
+    box.space.sc_buckets:replace({B, 'garbage', 4, 's2', now})
+    t:is(sc.bucket_recv_start(nil, B, 's2', 5).status, 'OK', 'receiving at 5: the garbage at 4 is stale')
+    t:is(box.space.sc_buckets:get(B)[2], 'receiving', 'receiving')
+    t:is(sc.bucket_recv_start(nil, B, 's2', 3).status, 'BUCKET_STATE', 'an older move is refused')
+end)
+
+test:test('state and held answer NOT_LEADER off the leader: nobody decides on a lagging row', function(t)
+    t:plan(2)
+    local util = require('smartcache.util')
+    local was = util.writable
+    util.writable = function() return false end
+    local s1, s2 = sc.bucket_state(nil, 1).status, sc.buckets_held(nil).status
+    util.writable = was
+    t:is(s1, 'NOT_LEADER', 'bucket_state')
+    t:is(s2, 'NOT_LEADER', 'buckets_held')
+end)
+
 test:test('buckets_held: the active buckets and the moving ones with their rows', function(t)
     t:plan(3)
     local r = sc.buckets_held(nil)
@@ -243,7 +323,7 @@ test:test('buckets_held: the active buckets and the moving ones with their rows'
         moving[m.bucket] = m.state
     end
     t:is(moving[9], 'receiving', 'bucket 9 receiving')
-    t:is(#r.active, COUNT - 3, 'the others active (3 moved away or not held)')
+    t:is(#r.active + #r.moving, box.space.sc_buckets:len(), 'every bucket held here, active or moving')
     fiber.yield()
 end)
 

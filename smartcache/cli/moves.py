@@ -48,15 +48,16 @@ SPACES = (
 )  # fmt: skip
 #: rows per chunk of a copy (storage takes up to 2,000)
 CHUNK = 1000
-#: a move that has made no progress for this long is given up by the settler (its driver is gone)
-STALL_S = 10.0
+#: a move that has made no progress for this long is given up by the settler (its driver is gone); longer
+#: than a driver's call may take to find a new leader, so that a driver riding out a failover is not overtaken
+STALL_S = 15.0
 #: how long a call looks for its shard's leader (a failover takes a TTL and a bit)
-LEADER_WAIT_S = 20.0
+LEADER_WAIT_S = 10.0
 LEADER_POLL_S = 0.3
 #: how often the settler's thread looks at the clock (its interval may be changed while it runs)
 SETTLER_TICK_S = 0.5
 #: how long one call may take (a gc deletes a bucket's rows in batches)
-ANSWER_TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_S = 10.0
 
 
 class MoveError(Exception):
@@ -173,16 +174,18 @@ def change_map(access: cluster.Access, change: Callable[[dict[str, Any]], dict[s
     raise MoveError("the bucket map changed under every one of 20 compare-and-swaps")
 
 
-def assign(access: cluster.Access, buckets: dict[int, str]) -> dict[str, Any]:
-    """The map names these owners for these buckets (one swap for all)."""
+def assign(access: cluster.Access, buckets: dict[int, str], was: dict[int, str] | None = None) -> dict[str, Any]:
+    """The map names these owners for these buckets (one swap for all); with was, only for the buckets whose owner
+    in the map is still the one the caller saw (a caller with an older view never undoes a newer move)."""
 
     def change(doc: dict[str, Any]) -> dict[str, Any] | None:
         owner = owners(doc)
-        if all(owner[b] == s for b, s in buckets.items()):
+        todo = {b: s for b, s in buckets.items() if owner[b] != s and (was is None or owner[b] == was.get(b))}
+        if not todo:
             return None
-        for b, s in buckets.items():
+        for b, s in todo.items():
             owner[b] = s
-        shards = list(doc["shards"]) + sorted(set(buckets.values()) - set(doc["shards"]))
+        shards = list(doc["shards"]) + sorted(set(todo.values()) - set(doc["shards"]))
         return {**doc, "shards": shards, "ranges": ranges_of(owner)}
 
     return change_map(access, change)
@@ -215,12 +218,14 @@ def _ok(result: dict[str, Any], what: str) -> dict[str, Any]:
 
 
 def move(access: cluster.Access, links: Links, bucket: int, destination: str) -> Moved:
-    """Move bucket to destination, from the shard the map names; MoveError (the move given up, the bucket active
-    where it was) when a step before the source's send_done fails."""
+    """Move bucket to destination, from the shard the map names; MoveError when the move was given up (the bucket
+    active where it was) or, past the source's send_done, left for the settler to finish."""
     doc, _ = read_map(access)
     source = owners(doc)[bucket]
     if source == destination:
         raise MoveError(f"bucket {bucket} is on {destination} already")
+    if destination not in doc["shards"]:
+        raise MoveError(f"no shard {destination!r} in the map (cluster shard add first)")
     src, dst = links[source], links[destination]
     state = _ok(src.call("bucket_state", bucket), f"bucket {bucket} on {source}")
     if state.get("state") != "active":
@@ -229,7 +234,8 @@ def move(access: cluster.Access, links: Links, bucket: int, destination: str) ->
     started = time.monotonic()
     gen = int(_ok(src.call("bucket_send_start", bucket, destination, state["generation"]), "send_start")["generation"])
     try:
-        _ok(dst.call("bucket_recv_start", bucket, source, gen), f"recv_start on {destination}")
+        numbers = state.get("numbers") or {}
+        _ok(dst.call("bucket_recv_start", bucket, source, gen, numbers), f"recv_start on {destination}")
         for space in SPACES:
             after = None
             while True:
@@ -242,24 +248,41 @@ def move(access: cluster.Access, links: Links, bucket: int, destination: str) ->
                     break
                 after = page["last"]
         _ok(src.call("bucket_send_done", bucket, gen), "send_done")
-    except (MoveError, *cluster.CONNECTION_ERRORS) as e:
-        give_up(links, bucket, source, destination, gen)
-        raise MoveError(f"bucket {bucket} {source} -> {destination} given up, active on {source}: {e}") from e
+    except Exception as e:  # any failure before the source is sent: give the move up (or find it sent after all)
+        if give_up(links, bucket, source, destination, gen) != "forward":
+            raise MoveError(f"bucket {bucket} {source} -> {destination} given up: {type(e).__name__}: {e}") from e
     # Past send_done the move only goes forward (a failure here is the settler's to finish).
-    _ok(dst.call("bucket_recv_done", bucket, gen), "recv_done")
+    try:
+        _ok(dst.call("bucket_recv_done", bucket, gen), "recv_done")
+    except MoveError as e:
+        raise MoveError(f"bucket {bucket} {source} -> {destination}: sent, left for the settler: {e}") from e
     out.paused_ms = (time.monotonic() - started) * 1000
-    assign(access, {bucket: destination})
-    _ok(src.call("bucket_gc", bucket, gen), "gc")
+    assign(access, {bucket: destination}, was={bucket: source})
+    try:
+        _ok(src.call("bucket_gc", bucket, gen), "gc")
+    except MoveError as e:  # moved all the same: the garbage is the settler's
+        out.steps.append(f"gc left for the settler: {e}")
     return out
 
 
-def give_up(links: Links, bucket: int, source: str, destination: str, generation: int) -> None:
-    """The source active again (at generation + 1), then the destination's copy deleted; each best-effort (the
-    settler does what is left)."""
-    with contextlib.suppress(MoveError, *cluster.CONNECTION_ERRORS):
-        links[source].call("bucket_send_abort", bucket, generation)
-    with contextlib.suppress(MoveError, *cluster.CONNECTION_ERRORS):
-        links[destination].call("bucket_recv_abort", bucket, generation)
+def give_up(links: Links, bucket: int, source: str, destination: str, generation: int) -> str:
+    """Give a move at generation up: the source active again (at generation + 1), and only then the destination's
+    copy deleted. Returns "given up"; "forward" when the source turned out to be sent at that generation (the
+    destination is made active instead); "unknown" when the source could not say (the destination is left alone:
+    the settler decides once it can ask both)."""
+    try:
+        r = links[source].call("bucket_send_abort", bucket, generation)
+    except (MoveError, *cluster.CONNECTION_ERRORS):
+        return "unknown"
+    if r.get("status") == "OK":
+        with contextlib.suppress(MoveError, *cluster.CONNECTION_ERRORS):
+            links[destination].call("bucket_recv_abort", bucket, generation)
+        return "given up"
+    if r.get("state") in ("sent", "garbage") and r.get("generation") == generation:
+        with contextlib.suppress(MoveError, *cluster.CONNECTION_ERRORS):
+            if links[destination].call("bucket_recv_done", bucket, generation).get("status") == "OK":
+                return "forward"
+    return "unknown"
 
 
 # --- settling what drivers left ---
@@ -278,15 +301,15 @@ def settle(access: cluster.Access, links: Links, *, stall_s: float | None = None
         except MoveError as e:
             pass_.did.append(f"{shard} not asked: {e}")
     for shard, h in held.items():
-        for b, _generation in h["active"]:
-            pass_.active_on[b] = shard
+        for b, generation in h["active"]:
+            pass_.active_on[b], pass_.active_gen[b] = shard, generation
     for shard, h in held.items():
         for m in h["moving"]:
-            if m.get("peer"):
+            if m.get("peer") and not m.get("pending"):
                 pass_.one(shard, m, h["now_ms"])
     wrong = {b: s for b, s in pass_.active_on.items() if pass_.owner[b] != s}
     if wrong:
-        assign(access, wrong)
+        assign(access, wrong, was={b: pass_.owner[b] for b in wrong})
         pass_.did.append(f"the map names the shard {len(wrong)} bucket(s) are active on: {sorted(wrong)[:10]}")
     counts = {s: {"active": len(h["active"]), "moving": len(h["moving"])} for s, h in held.items()}
     return {"status": "OK", "did": pass_.did, "map_version": doc["version"], "held": counts}
@@ -302,48 +325,63 @@ class _Pass:
     stall_s: float
     did: list[str] = field(default_factory=list)
     active_on: dict[int, str] = field(default_factory=dict)
+    #: bucket -> the generation it is active at (on active_on's shard)
+    active_gen: dict[int, int] = field(default_factory=dict)
     owner: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.owner = owners(self.doc)
 
     def state(self, shard: str, bucket: int) -> dict[str, Any] | None:
-        """The bucket's row on a shard (None: the shard cannot be asked now: nothing is decided on a guess)."""
+        """The bucket's row on a shard's leader, committed (None: the shard cannot be asked now, or a write of
+        the row still waits for its quorum: nothing is decided on a guess)."""
         if shard not in self.doc["shards"]:
             return None
         try:
-            return _ok(self.links[shard].call("bucket_state", bucket), f"bucket {bucket} on {shard}")
+            r = _ok(self.links[shard].call("bucket_state", bucket), f"bucket {bucket} on {shard}")
         except MoveError:
             return None
+        return None if r.get("pending") else r
 
     def one(self, shard: str, m: dict[str, Any], now_ms: int) -> None:
-        """A bucket of shard between states, against its peer's row."""
+        """A bucket of shard between states, against its peer's row; a refused step is noted, not raised."""
+        try:
+            self._one(shard, m, now_ms)
+        except (MoveError, *cluster.CONNECTION_ERRORS, etcd.EtcdUnavailable) as e:
+            self.did.append(f"bucket {m['bucket']} on {shard}: not settled now: {e}")
+
+    def _one(self, shard: str, m: dict[str, Any], now_ms: int) -> None:
         b, status, gen, peer = m["bucket"], m["state"], m["generation"], m["peer"]
         other = self.state(peer, b)
+        if status == "sending":
+            # Quiet on both clocks (each shard's own since and now): a move that makes progress on either is alive.
+            quiet_ms = now_ms - (m.get("since") or 0)
+            if other is not None:
+                quiet_ms = min(quiet_ms, (other.get("now_ms") or 0) - (other.get("since") or 0))
+            if quiet_ms > self.stall_s * 1000:
+                outcome = give_up(self.links, b, shard, peer, gen)
+                self.did.append(f"bucket {b} {shard} -> {peer}: {outcome}, {quiet_ms / 1000:.0f} s without progress")
+            return
         if other is None:
             return
         o_status, o_gen = other.get("state"), other.get("generation")
-        if status == "sending":
-            quiet_ms = now_ms - max(m.get("since") or 0, other.get("since") or 0)
-            if quiet_ms > self.stall_s * 1000:
-                give_up(self.links, b, shard, peer, gen)
-                self.did.append(f"bucket {b} {shard} -> {peer}: given up, {quiet_ms / 1000:.0f} s without progress")
-        elif status in ("sent", "garbage"):
+        if status in ("sent", "garbage"):
             if o_status == "receiving" and o_gen == gen:
                 _ok(self.links[peer].call("bucket_recv_done", b, gen), "recv_done")
-                self.active_on[b] = peer
+                self.active_on[b], self.active_gen[b] = peer, gen
                 self.did.append(f"bucket {b} {shard} -> {peer}: made active on {peer} (the source was sent)")
                 o_status = "active"
-            if o_status == "active" and o_gen == gen:
-                if self.owner[b] != peer:
-                    assign(self.access, {b: peer})
+            moved_on = b in self.active_on and self.active_on[b] != shard and self.active_gen[b] >= gen
+            if (o_status == "active" and o_gen == gen) or moved_on:
+                if o_status == "active" and o_gen == gen and self.owner[b] != peer:
+                    assign(self.access, {b: peer}, was={b: self.owner[b]})
                     self.owner[b] = peer
                 _ok(self.links[shard].call("bucket_gc", b, gen), "gc")
                 self.did.append(f"bucket {b}: garbage on {shard} deleted")
-        elif status == "receiving":
+        elif status in ("receiving", "aborting"):
             # A copy the source no longer backs: it holds nothing of the bucket, or moved on to a later generation.
             stale = o_gen is not None and (o_gen > gen or (o_gen == gen and o_status == "active"))
-            if o_status is None or (stale and o_status in ("active", "sending")):
+            if status == "aborting" or o_status is None or (stale and o_status in ("active", "sending")):
                 _ok(self.links[shard].call("bucket_recv_abort", b, gen), "recv_abort")
                 self.did.append(f"bucket {b}: a stale copy on {shard} (generation {gen}) deleted")
 
@@ -436,7 +474,7 @@ def run_moves(
                     bucket, destination = todo.pop(0)
                 try:
                     moved = move(access, links, bucket, destination)
-                except (MoveError, etcd.EtcdUnavailable) as e:
+                except Exception as e:  # reported with the others; the next move goes on
                     with lock:
                         errors.append(str(e))
                     if progress is not None:
@@ -531,7 +569,7 @@ class Settler:
                     result = settle(self.access, links)
                 except NotSharded:
                     continue  # one replica set: nothing moves (a map made later is settled from then on)
-                except (MoveError, etcd.EtcdUnavailable, *cluster.CONNECTION_ERRORS, KeyError, ValueError) as e:
+                except Exception as e:  # the settler lives on; logged once per kind
                     error = f"{type(e).__name__}: {e}"
                     if error != failing and self._log is not None:  # once per kind of failure, not every pass
                         self._log({"status": "ERROR", "did": [error]})

@@ -345,7 +345,7 @@ def test_a_move_left_past_send_done_is_finished_by_the_service_with_no_command(t
             client = next(f"c{i}" for i in range(10_000) if buckets.bucket_of(f"c{i}", BUCKETS) == b)
             sid = a.client.session_create(client, data={"v": 1}).session_id
             assert sid is not None
-            # A driver that copied everything and turned the source sent, then died: active nowhere.
+            # A driver that copied everything and turned the source sent, then died.
             links = moves.Links(two.access())
             try:
                 gen = links["s1"].call("bucket_send_start", b, "s2", 1)["generation"]
@@ -355,6 +355,10 @@ def test_a_move_left_past_send_done_is_finished_by_the_service_with_no_command(t
                     if page["rows"]:
                         links["s2"].call("bucket_recv", b, gen, space, page["rows"])
                 assert links["s1"].call("bucket_send_done", b, gen)["status"] == "OK"
+                # A driver (or settler) that took the move for stalled and gives it up now finds the source sent:
+                # it goes forward, never deleting the destination's copy (the only one that can become active).
+                assert moves.give_up(links, b, "s1", "s2", gen) == "forward"
+                assert links["s2"].call("bucket_state", b)["state"] == "active"
             finally:
                 links.close()
             # The front server's read waits out the pause (BUCKET_MOVING, then the new owner) within its lifetime.

@@ -45,6 +45,8 @@ MAP_POLL_S = 1.0
 #: MOVING_BACKOFF_MAX_S, while the message has time
 MOVING_BACKOFF_S = 0.01
 MOVING_BACKOFF_MAX_S = 0.2
+#: a call with no deadline (the service's own, e.g. a prewarm's) asked again this many times at most (about 20 s)
+MOVING_RETRIES = 100
 #: how long a shard new in the map may take to find its leader before calls are routed to it
 NEW_SHARD_WAIT_S = 5.0
 #: buckets whose new owner a refusal named, routed there before the map says so (a move's map swap follows)
@@ -176,7 +178,7 @@ class ShardedStorage:
         self._metrics = metrics
         self.refreshes = 0
         self.wrong_buckets = 0
-        self._located: dict[str, str] = {}  # version 4 session id -> its shard, oldest first
+        self._located: dict[str, int | str] = {}  # version 4 session id -> its bucket (or shard), oldest first
         self._moved: dict[int, str] = {}  # bucket -> the shard a refusal named as its owner (until the map does)
         self.moving_waits = 0
 
@@ -187,13 +189,15 @@ class ShardedStorage:
         session = _session_argument(procedure, args)
         if session is not None:  # a version 4 id: it carries no bucket
             found = await self._locate(session, job)
+            if isinstance(found, int):  # its bucket: routed as a bucket is (it may move)
+                return self._moved.get(found) or self.map.shard_of(found)
             if found is not None:
                 return found
         return self.map.shards[0]  # not about one key (or a session nobody has: answered NOT_FOUND there)
 
-    async def _locate(self, session: str, job: Job | None) -> str | None:
-        """The shard of a session id made before sharding: asked of every shard at once (sc.session_locate, a
-        read that writes nothing), remembered (LOCATED_KEPT ids) until a call there is refused."""
+    async def _locate(self, session: str, job: Job | None) -> int | str | None:
+        """The bucket (else the shard) of a session id made before sharding: asked of every shard at once
+        (sc.session_locate, a read that writes nothing), remembered (LOCATED_KEPT ids) until a call is refused."""
         if session in self._located:
             return self._located[session]
         names = list(self.shards)
@@ -203,17 +207,17 @@ class ShardedStorage:
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, dict) and answer.get("status") == "OK":
                 bucket = answer.get("bucket")
-                shard = self.map.shard_of(bucket) if isinstance(bucket, int) else name
+                where: int | str = bucket if isinstance(bucket, int) else name
                 if len(self._located) >= LOCATED_KEPT:
                     self._located.pop(next(iter(self._located)))
-                self._located[session] = shard
-                return shard
+                self._located[session] = where
+                return where
         return None
 
     async def call(
         self, procedure: str, args: list[Any], *, job: Job | None, idempotency_key: str | None = None
     ) -> dict[str, Any]:
-        tries, backoff = 0, MOVING_BACKOFF_S
+        tries, backoff, waits = 0, MOVING_BACKOFF_S, 0
         while True:
             shard = await self.shard_for(procedure, args, job)
             storage = self.shards.get(shard)
@@ -226,7 +230,8 @@ class ShardedStorage:
                 self.moving_waits += 1
                 if self._metrics is not None:
                     self._metrics.storage_bucket_moving.labels(shard).inc()
-                if job is not None and job.deadline <= time.monotonic() + backoff:
+                waits = 0 if job is not None else waits + 1
+                if (job is not None and job.deadline <= time.monotonic() + backoff) or waits > MOVING_RETRIES:
                     raise ShardError(f"{procedure}: bucket {result.get('bucket')} still moving at the deadline")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MOVING_BACKOFF_MAX_S)
