@@ -78,7 +78,7 @@ def main(sessions: int, out_path: str) -> int:
     print(f"resharding: two trios, the map naming s1 only; preloading {sessions:,} sessions", file=sys.stderr)
     # On tmpfs: six instances' WAL of a million sessions on this VM's disk stalled writes for up to 21 s (the
     # kernel's writeback), a failover that measures the disk, not the move.
-    with sharded_stack(2, mapped=1, memtx_memory=str(3 << 30), data_dir="/dev/shm") as st:
+    with sharded_stack(2, mapped=1, memtx_memory=str(3 << 30), data_dir="/dev/shm") as st:  # noqa: S108 - mkdtemp in it
         leader = next(n for n in st.shards["s1"] if _writable(n))
         took = asyncio.run(_preload("127.0.0.1", leader.port, sessions))
         print(f"  preloaded in {took:.0f} s ({sessions / took:,.0f}/s)", file=sys.stderr, flush=True)
