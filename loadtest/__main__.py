@@ -331,13 +331,15 @@ def main(argv: list[str] | None = None) -> int:
 def _resharding_parser(sub: Any) -> None:
     rs = sub.add_parser("resharding", help="half of a shard's sessions moved to a new shard under the session load")
     rs.add_argument("--sessions", type=int, default=1_000_000, help="sessions preloaded on the first shard")
+    rs.add_argument("--parallel", type=int, default=2, help="moves at once (rebalance --parallel)")
+    rs.add_argument("--pause-ms", type=int, default=0, help="rest after each move, per worker (rebalance --pause-ms)")
     rs.add_argument("--json", default="var/resharding.json")
 
 
 def cmd_resharding(a: argparse.Namespace) -> int:
     from loadtest import resharding  # noqa: PLC0415 - its stack needs the server extra
 
-    return resharding.main(a.sessions, a.json)
+    return resharding.main(a.sessions, a.json, parallel=a.parallel, pause_ms=a.pause_ms)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def _rows(nodes: list[Any], space: str) -> int | None:
     return None
 
 
-def main(sessions: int, out_path: str) -> int:
+def main(sessions: int, out_path: str, *, parallel: int = 2, pause_ms: int = 0) -> int:
     from smartcache.cli import cluster, moves  # noqa: PLC0415 - the server extra's connector
 
     print(f"resharding: two trios, the map naming s1 only; preloading {sessions:,} sessions", file=sys.stderr)
@@ -94,7 +94,7 @@ def main(sessions: int, out_path: str) -> int:
         result: dict[str, Any] = {}
 
         def rebalance() -> None:
-            result.update(moves.run_moves(access, plan, parallel=2))
+            result.update(moves.run_moves(access, plan, parallel=parallel, pause_s=pause_ms / 1000))
 
         mover = threading.Thread(target=rebalance)
         mover.start()
@@ -115,6 +115,8 @@ def main(sessions: int, out_path: str) -> int:
     elapsed = sum(r["elapsed_s"] for r in during)
     summary = {
         "sessions_preloaded": sessions,
+        "parallel": parallel,
+        "pause_ms": pause_ms,
         "plan_buckets": len(plan),
         "move": result,
         "throughput_before_rps": before["throughput_rps"],
