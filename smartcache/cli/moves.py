@@ -552,9 +552,12 @@ class Settler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Ask the thread to end and wait timeout_s for it (a pass under way ends by itself: a daemon thread, its
+        connections closed when it does; a service's stop is not held up by an etcd that does not answer)."""
         self._stop.set()
-        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
         links = Links(self.access)
