@@ -113,9 +113,9 @@ def _moves_parsers(ops: Any) -> None:
         )
         if name == "drain":
             p.add_argument("shard", help="the shard to empty")
-        p.add_argument("--parallel", type=int, default=2, metavar="K", help="moves at once (default 2)")
+        p.add_argument("--parallel", type=_positive, default=2, metavar="K", help="moves at once (default 2)")
         p.add_argument(
-            "--pause-ms", type=int, default=0, metavar="MS",
+            "--pause-ms", type=_not_negative, default=0, metavar="MS",
             help="wait after each move, per worker: throttles the moves so the front tier keeps its latency",
         )  # fmt: skip
         p.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
@@ -123,6 +123,20 @@ def _moves_parsers(ops: Any) -> None:
         "settle",
         help="finish or give up the moves left half-done, once (every service instance does it every 5 s)",
     )
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
+
+
+def _not_negative(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
+    return n
 
 
 def _moves(a: argparse.Namespace, access: Any, emit: Emit) -> int:
@@ -155,7 +169,10 @@ def _moves(a: argparse.Namespace, access: Any, emit: Emit) -> int:
                 return EXIT_OK
             progress = moves.Progress(len(plan))
             doc = moves.run_moves(access, plan, parallel=a.parallel, pause_s=a.pause_ms / 1000, progress=progress)
-    except (moves.MoveError, etcd.EtcdUnavailable) as e:
+    except etcd.EtcdUnavailable as e:
+        emit({"error": "ETCD_UNAVAILABLE", "message": f"etcd did not answer (the bucket map is there): {e}"})
+        return EXIT_STATUS
+    except moves.MoveError as e:
         emit({"status": "MOVE_FAILED", "message": str(e)})
         return EXIT_STATUS
     emit(doc)
@@ -227,7 +244,7 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
         cluster=a.cluster,
     )
     if a.operation in ("shard", "move", "rebalance", "drain", "settle"):
-        if access.cluster is None:
+        if not access.cluster:
             emit({"error": "BAD_ARGUMENT", "message": "--cluster (or $SMARTCACHE_CLUSTER) names the sharded cluster"})
             return EXIT_BAD
         return _moves(a, access, emit)

@@ -221,6 +221,8 @@ def move(access: cluster.Access, links: Links, bucket: int, destination: str) ->
     """Move bucket to destination, from the shard the map names; MoveError when the move was given up (the bucket
     active where it was) or, past the source's send_done, left for the settler to finish."""
     doc, _ = read_map(access)
+    if not 0 <= bucket < int(doc["buckets"]):
+        raise MoveError(f"bucket must be 0..{int(doc['buckets']) - 1}, not {bucket}")
     source = owners(doc)[bucket]
     if source == destination:
         raise MoveError(f"bucket {bucket} is on {destination} already")

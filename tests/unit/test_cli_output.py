@@ -94,3 +94,17 @@ def test_a_sharded_cluster_shows_its_bucket_map_then_each_shard() -> None:
     assert lines[0] == "sharded cluster bank healthy; 1024 buckets (map version 1): s1 0..511, s2 512..1023"
     assert lines.count("== shard s1") == lines.count("== shard s2") == 1
     assert sum(ln.startswith("tarantool-1") for ln in lines) == 2
+
+
+def test_a_sharded_cluster_shows_each_shard_s_buckets_and_the_moves_in_flight() -> None:
+    moving = {"bucket": 17, "state": "sending", "generation": 3, "peer": "s2", "for_s": 0.4}
+    doc = {
+        "healthy": True,
+        "cluster": "bank",
+        "buckets": {"count": 1024, "version": 9, "ranges": [[0, 1023, "s1"]]},
+        "shards": {"s1": {**STATUS, "buckets": {"active": 1023, "moving": [moving]}},
+                   "s2": {**STATUS, "buckets": {"error": "no leader to ask"}}},
+    }  # fmt: skip
+    text = output.render(doc, "cluster-status", as_json=False)
+    assert "buckets: 1023 active here, 1 moving\n  bucket 17 sending (generation 3, peer s2, 0.4 s)" in text
+    assert "buckets: not known (no leader to ask)" in text
