@@ -43,6 +43,27 @@ DRAIN_TIMEOUT_S = 240.0
 SETTLE_TIMEOUT_S = 90.0
 
 
+#: how long the verdict waits for a shard's leader to answer (a rebuilt instance joining holds its writes)
+LEADER_TIMEOUT_S = 30.0
+
+
+def _first(probe: Callable[[], Any], timeout_s: float, interval_s: float) -> Any:
+    """The first truthy answer of probe within timeout_s (None if none): asked once more only while it is not."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval_s)
+
+
+def ok(answer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An answer with status OK, else None."""
+    return answer if answer is not None and answer.get("status") == "OK" else None
+
+
 class _Buckets(threading.Thread):
     """Every 100 ms, every writable instance of both shards: the buckets it serves, with their generations. A
     bucket served at one generation by two shards in one round would be two live copies."""
@@ -111,22 +132,32 @@ class _MoveRow(_NsRow):
         drained = self._until(lambda: not self.driver.alive(), DRAIN_TIMEOUT_S, 0.5)
         self.drain_exit = self.driver.proc.poll() if self.driver.proc is not None else None
         self.check("the drain ended (or was killed)", drained, f"exit {self.drain_exit}")
-        settled = self._until(self._settled, SETTLE_TIMEOUT_S, 1.0)
-        self.check("no bucket is left between states, with no command run (the service's settler)", settled,
-                   str(self._moving()))  # fmt: skip
+        settled = _first(self._settled, SETTLE_TIMEOUT_S, 1.0)
+        self.check("no bucket is left between states, with no command run (the service's settler)",
+                   settled is not None, str(settled or self._moving()))  # fmt: skip
         self._supervise()
 
-    def _leader_held(self, shard: str) -> dict[str, Any] | None:
-        leader = self.leader(shard)
-        return None if leader is None else self.call(leader, "buckets_held")
+    def _leader_held(self, shard: str, timeout_s: float = 0.0) -> dict[str, Any] | None:
+        """sc.buckets_held of the shard's leader, answered OK; for up to timeout_s while there is none (a
+        failover, or a leader holding its writes while an instance rebuilt from it joins: NOT_LEADER)."""
+
+        def ask() -> dict[str, Any] | None:
+            self._supervise()
+            leader = self.leader(shard)
+            held = None if leader is None else self.call(leader, "buckets_held")
+            return held if held is not None and held.get("status") == "OK" else None
+
+        return ask() if timeout_s <= 0 else _first(ask, timeout_s, 0.5)
 
     def _moving(self) -> dict[str, Any]:
         return {s: (h or {}).get("moving") for s in SHARDS if (h := self._leader_held(s)) is not None}
 
-    def _settled(self) -> bool:
-        self._supervise()
+    def _settled(self) -> dict[str, Any] | None:
+        """Both shards' leaders answer and neither has a bucket between states: what they hold (else None)."""
         held = {s: self._leader_held(s) for s in SHARDS}
-        return all(h is not None and h.get("status") == "OK" and not h["moving"] for h in held.values())
+        if all(h is not None and not h["moving"] for h in held.values()):
+            return {s: len(h["active"]) for s, h in held.items() if h is not None}
+        return None
 
     def verify(self, endpoint: str) -> None:
         self.buckets.stop.set()
@@ -142,19 +173,21 @@ class _MoveRow(_NsRow):
                                 etcd=[m.url for m in self.etcd.members], cluster=self.name)  # fmt: skip
         doc, _ = moves.read_map(access)
         owner = moves.owners(doc)
-        held = {s: self._leader_held(s) or {} for s in SHARDS}
+        held = {s: self._leader_held(s, timeout_s=LEADER_TIMEOUT_S) or {} for s in SHARDS}
+        self.check("each shard's leader answers which buckets it holds", all(held.values()),
+                   str({s: bool(h) for s, h in held.items()}))  # fmt: skip
         active = {s: {b for b, _ in h.get("active") or []} for s, h in held.items()}
         wrong = [b for b in range(len(owner)) if [s for s in SHARDS if b in active[s]] != [owner[b]]]
         self.check("every bucket active on exactly one shard, the one the map names", not wrong,
                    f"{len(wrong)} not: {wrong[:5]}; {len(active['s1'])} on s1, {len(active['s2'])} on s2")  # fmt: skip
         leftovers = []
         for shard in SHARDS:
-            leader = self.leader(shard)
+            leader = _first(lambda s=shard: self.leader(s), LEADER_TIMEOUT_S, 0.5)
             if leader is None:
                 continue
             for b in range(len(owner)):
                 if owner[b] != shard:
-                    st = self.call(leader, "bucket_state", b) or {}
+                    st = _first(lambda lb=(leader, b): ok(self.call(lb[0], "bucket_state", lb[1])), 10, 0.5) or {}
                     if st.get("rows"):
                         leftovers.append((b, shard, st["rows"]))
         self.check("no row of a bucket left on the shard that does not own it", not leftovers, str(leftovers[:5]))
