@@ -129,7 +129,9 @@ function M.serves_row(space_name, t)
         end
     end
     local state = box.space.sc_buckets:get(b)
-    return state ~= nil and state[2] == 'active'
+    -- No row: a bucket never held here whose rows the backfill found (written before sharding): its
+    -- rows are nobody's copy, and expire here as they always did.
+    return state == nil or state[2] == 'active'
 end
 
 -- Raised by a write of a row whose bucket is not active here (a procedure that
@@ -174,8 +176,8 @@ local function stamper(space_name)
             local b = old[pos] or M.of_row(space_name, old, count)
             if b ~= nil and b ~= M.purging and box.session.type() ~= 'applier' then
                 local state = box.space.sc_buckets:get(b)
-                if state == nil or state[2] ~= 'active' then
-                    not_active(b, state and state[2])
+                if state ~= nil and state[2] ~= 'active' then  -- no row: rows from before sharding, nobody's copy
+                    not_active(b, state[2])
                 end
             end
             return new
