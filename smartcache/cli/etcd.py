@@ -165,27 +165,34 @@ def _prefix_end(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
-def read(endpoints: Sequence[str], key: str, timeout_s: float, *, prefix: bool = False) -> list[tuple[str, bytes]]:
-    """The key (or every key under it, prefix=True) as [(key, value)], from the first endpoint that answers;
-    [] when absent. Raises EtcdUnavailable when none does."""
-    body = {"key": _b64(key)}
-    if prefix:
-        body["range_end"] = _b64(_prefix_end(key))
+def _ask_first(endpoints: Sequence[str], path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """The JSON answer to a POST of body to path from the first endpoint that answers it (HTTP 200); raises
+    EtcdUnavailable saying what each endpoint did when none does."""
     errors = []
     for e in endpoints:
         try:
-            code, doc = _request(e + "/v3/kv/range", body, timeout_s)
+            code, doc = _request(e + path, body, timeout_s)
         except (OSError, ValueError) as err:
             errors.append(f"{e}: {_reason(err)}")
             continue
         if code != 200 or not isinstance(doc, dict):
             errors.append(f"{e}: HTTP {code}")
             continue
-        return [
-            (base64.b64decode(kv.get("key", "")).decode(), base64.b64decode(kv.get("value", "")))
-            for kv in doc.get("kvs", [])
-        ]
+        return doc
     raise EtcdUnavailable("; ".join(errors) or "no etcd endpoint given")
+
+
+def read(endpoints: Sequence[str], key: str, timeout_s: float, *, prefix: bool = False) -> list[tuple[str, bytes]]:
+    """The key (or every key under it, prefix=True) as [(key, value)], from the first endpoint that answers;
+    [] when absent. Raises EtcdUnavailable when none does."""
+    body = {"key": _b64(key)}
+    if prefix:
+        body["range_end"] = _b64(_prefix_end(key))
+    doc = _ask_first(endpoints, "/v3/kv/range", body, timeout_s)
+    return [
+        (base64.b64decode(kv.get("key", "")).decode(), base64.b64decode(kv.get("value", "")))
+        for kv in doc.get("kvs", [])
+    ]
 
 
 def create(endpoints: Sequence[str], key: str, value: bytes, timeout_s: float) -> tuple[bytes, bool]:
@@ -197,41 +204,20 @@ def create(endpoints: Sequence[str], key: str, value: bytes, timeout_s: float) -
         "success": [{"request_put": {"key": _b64(key), "value": base64.b64encode(value).decode()}}],
         "failure": [{"request_range": {"key": _b64(key)}}],
     }
-    errors = []
-    for e in endpoints:
-        try:
-            code, doc = _request(e + "/v3/kv/txn", body, timeout_s)
-        except (OSError, ValueError) as err:
-            errors.append(f"{e}: {_reason(err)}")
-            continue
-        if code != 200 or not isinstance(doc, dict):
-            errors.append(f"{e}: HTTP {code}")
-            continue
-        if doc.get("succeeded"):
-            return value, True
-        kvs = ((doc.get("responses") or [{}])[0].get("response_range") or {}).get("kvs") or []
-        return (base64.b64decode(kvs[0].get("value", "")), False) if kvs else (value, False)
-    raise EtcdUnavailable("; ".join(errors) or "no etcd endpoint given")
+    doc = _ask_first(endpoints, "/v3/kv/txn", body, timeout_s)
+    if doc.get("succeeded"):
+        return value, True
+    kvs = ((doc.get("responses") or [{}])[0].get("response_range") or {}).get("kvs") or []
+    return (base64.b64decode(kvs[0].get("value", "")), False) if kvs else (value, False)
 
 
 def read_revision(endpoints: Sequence[str], key: str, timeout_s: float) -> tuple[bytes | None, int]:
     """The key's value and its mod_revision ((None, 0) when absent), from the first endpoint that answers a
     linearizable read. Raises EtcdUnavailable when none does."""
-    errors = []
-    for e in endpoints:
-        try:
-            code, doc = _request(e + "/v3/kv/range", {"key": _b64(key)}, timeout_s)
-        except (OSError, ValueError) as err:
-            errors.append(f"{e}: {_reason(err)}")
-            continue
-        if code != 200 or not isinstance(doc, dict):
-            errors.append(f"{e}: HTTP {code}")
-            continue
-        kvs = doc.get("kvs") or []
-        if not kvs:
-            return None, 0
-        return base64.b64decode(kvs[0].get("value", "")), int(kvs[0].get("mod_revision", 0))
-    raise EtcdUnavailable("; ".join(errors) or "no etcd endpoint given")
+    kvs = _ask_first(endpoints, "/v3/kv/range", {"key": _b64(key)}, timeout_s).get("kvs") or []
+    if not kvs:
+        return None, 0
+    return base64.b64decode(kvs[0].get("value", "")), int(kvs[0].get("mod_revision", 0))
 
 
 def put_if(endpoints: Sequence[str], key: str, value: bytes, mod_revision: int, timeout_s: float) -> bool:
@@ -242,15 +228,4 @@ def put_if(endpoints: Sequence[str], key: str, value: bytes, mod_revision: int, 
         "compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}],
         "success": [{"request_put": {"key": _b64(key), "value": base64.b64encode(value).decode()}}],
     }
-    errors = []
-    for e in endpoints:
-        try:
-            code, doc = _request(e + "/v3/kv/txn", body, timeout_s)
-        except (OSError, ValueError) as err:
-            errors.append(f"{e}: {_reason(err)}")
-            continue
-        if code != 200 or not isinstance(doc, dict):
-            errors.append(f"{e}: HTTP {code}")
-            continue
-        return bool(doc.get("succeeded"))
-    raise EtcdUnavailable("; ".join(errors) or "no etcd endpoint given")
+    return bool(_ask_first(endpoints, "/v3/kv/txn", body, timeout_s).get("succeeded"))
