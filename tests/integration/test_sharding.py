@@ -360,7 +360,10 @@ def test_app_start_reads_the_device_on_its_shard_and_prewarms_on_the_client_s(tw
         with two.service("svc-a", backend_url=backend.url, prewarm_types=(1, 2), backend_retries=0) as svc:
             assert svc.client.device_bind(device, client).ok
             svc.client.app_start(device)
-            eventually(lambda: two.rows("prewarm")[_home(bucket_map, client)] == 2, 15, what="both types prewarmed")
+            # A prewarm row exists from its claim on (state UPDATING), before the backend answered: wait for the
+            # rows and for both backend calls, so the read below finds them stored or in flight, never absent.
+            eventually(lambda: two.rows("prewarm")[_home(bucket_map, client)] == 2, 15, what="both types claimed")
+            eventually(lambda: backend.state.stats()["calls"] == 2, 15, what="both types fetched")
             assert two.rows("prewarm")[_home(bucket_map, device)] == 0
             assert two.rows("device") == {_home(bucket_map, device): 1, _home(bucket_map, client): 0}
             got = svc.client.products_get(client, 1)
