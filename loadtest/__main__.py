@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest import coordination, direct, runner
+from loadtest import ceiling, coordination, cpu, direct, runner
 from loadtest import events as events_bench
 from loadtest.backend import Backend
 from loadtest.generator import Job
@@ -33,6 +33,11 @@ from loadtest.stack import ServiceUnderTest, curve_keys, ha_stack, service, shar
 from smartcache.client import Client
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+WS = (1, 16, 128)  # the bench's closed-loop concurrencies (requests in flight)
+#: measured after the service at each W (loadtest/ceiling.py): the bare path as the issue sketched it (zmq.asyncio),
+#: the bare path read as the service reads (a socket drained at each readiness, the service's loop: the ratio goal's
+#: yardstick, the stricter), and the transport alone (ZeroMQ's echo, in C)
+CEILINGS = ("sketch", "sketch drained", "zmq echo")
 
 
 def _save(path: str | None, doc: dict[str, Any]) -> None:
@@ -59,19 +64,33 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    rows = []
-    # The baseline rows: one instance with wal_mode write (survives a process crash), as measured before.
-    with stack(tarantool_env={"SC_WAL_MODE": "write"}) as (master, sut):
+    rows: list[dict[str, Any]] = []
+    ceilings: list[dict[str, Any]] = []  # CEILINGS at each W, right after the service: every later change is judged
+    # against the ceilings of the same minute
+    # The baseline rows: one instance with wal_mode write (survives a process crash), as measured before, each W
+    # with its ceilings (the sketches on the same Tarantool).
+    with (
+        stack(tarantool_env={"SC_WAL_MODE": "write"}) as (master, sut),
+        ceiling.running("sketch", tarantool=master.address) as sketch,
+        ceiling.running("sketch", tarantool=master.address, drained=True) as drained,
+        ceiling.running("echo") as echo,
+    ):
         cpu0 = sut.cpu_seconds()
-        answered = 0
-        for inflight, procs in ((1, 1), (16, 2), (128, 2)):
-            job = Job(endpoint=sut.endpoint, scenario="session", duration_s=a.duration, inflight=inflight)
-            rep = runner.run(job, procs, label=f"service session W={inflight}")
-            answered += rep["replies"]
-            rows.append(rep)
-            print(format_line(rep), flush=True)
-        cpu = sut.cpu_seconds() - cpu0
+        for inflight in WS:
+            rows.append(_timed(sut.endpoint, inflight, a.duration, "service", sut.proc.pid, tarantool=master.pid))
+            ceilings.append(_timed(sketch.endpoint, inflight, a.duration, "sketch", sketch.pid, tarantool=master.pid))
+            ceilings.append(
+                _timed(drained.endpoint, inflight, a.duration, "sketch drained", drained.pid, tarantool=master.pid)
+            )
+            ceilings.append(_timed(echo.endpoint, inflight, a.duration, "zmq echo", echo.pid))
+        service_cpu = sut.cpu_seconds() - cpu0
+        answered = sum(r["replies"] for r in rows)
         peak_rss = sut.rss_bytes("VmHWM")
+        if a.quick:
+            _print_ratios(rows, ceilings)
+            at = time.strftime("%FT%TZ", time.gmtime())
+            _save(a.json, {"machine": _machine(), "runs": [*rows, *ceilings], "at": at})
+            return 0
         # The same W=128 row through a second service that requires CURVE: the cost of encryption.
         print("  CURVE: a second service with encryption and client keys...", file=sys.stderr, flush=True)
         keys_dir = Path(tempfile.mkdtemp(prefix="smartcache-bench-keys-"))
@@ -113,6 +132,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     best = max(r["throughput_rps"] for r in rows[:3])
     summary = {
         "service_best_rps": best,
+        **{f"ratio_service_to_{name.replace(' ', '_')}": r for name, r in _ratios(rows, ceilings).items()},
         "direct_rps": d["throughput_rps"],
         "ratio_service_to_direct": round(best / d["throughput_rps"], 2),
         "ratio_curve_to_plain_at_W128": round(curve_row["throughput_rps"] / rows[2]["throughput_rps"], 2),
@@ -120,7 +140,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "ratio_ha_sync_to_write_at_W128": round(profiles[1]["throughput_rps"] / rows[2]["throughput_rps"], 2),
         "ratio_two_shards_to_one_at_W128": round(sharding[1]["throughput_rps"] / sharding[0]["throughput_rps"], 2),
         "service_peak_rss_mib": round(peak_rss / 2**20, 1),
-        "service_cpu_seconds_per_1000_requests": round(cpu / answered * 1000, 3),
+        "service_cpu_seconds_per_1000_requests": round(service_cpu / answered * 1000, 3),
         "target_12000_rps_at_W128": rows[2]["throughput_rps"] >= 12000,
         "target_p99_under_10ms_at_W16": rows[1]["latency"]["p99_ms"] < 10,
     }
@@ -129,7 +149,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.json,
         {
             "machine": _machine(),
-            "runs": [*rows, curve_row, *profiles, *sharding, *reads],
+            "runs": [*rows, *ceilings, curve_row, *profiles, *sharding, *reads],
             "summary": summary,
             "at": time.strftime("%FT%TZ", time.gmtime()),
         },
@@ -215,8 +235,45 @@ def _session_counts(sut: ServiceUnderTest) -> tuple[int, int]:
     return gets, int(info["storage_stats"].get("session_refreshes", 0))
 
 
+def _timed(endpoint: str, inflight: int, duration_s: float, what: str, pid: int, *, tarantool: int = 0) -> dict:
+    """The session scenario at W=inflight against one target, with the CPU each thread of the target, of its
+    Tarantool and of the load generator spent per request."""
+    job = Job(endpoint=endpoint, scenario="session", duration_s=duration_s, inflight=inflight)
+    pids = {what: pid, "tarantool": tarantool} if tarantool else {what: pid}
+    before = {name: cpu.snapshot(p) for name, p in pids.items()}
+    rep = runner.run(job, 1 if inflight == 1 else 2, label=f"{what}{' session' * (what == 'service')} W={inflight}")
+    n = rep["replies"]
+    per = {name: cpu.per_request(before[name], cpu.snapshot(p), n) for name, p in pids.items()}
+    per["load generator"] = {"all": round(rep["generator_cpu_s"] / max(1, n) * 1e6, 1)}
+    rep["cpu_us_per_request"] = per
+    shown = "; ".join(
+        f"{name} {cpu.total(threads)} ({', '.join(f'{t} {v}' for t, v in threads.items())})" if len(threads) > 1
+        else f"{name} {cpu.total(threads)}"
+        for name, threads in per.items()
+    )  # fmt: skip
+    print(f"{format_line(rep)}\n    CPU µs per request: {shown}", flush=True)
+    return rep
+
+
+def _ratios(rows: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Service/ceiling per W: rows are the service's at WS, ceilings those of CEILINGS after each."""
+    return {
+        name: {f"W={w}": round(rows[i]["throughput_rps"] / ceilings[len(CEILINGS) * i + k]["throughput_rps"], 2)
+               for i, w in enumerate(WS)}
+        for k, name in enumerate(CEILINGS)
+    }  # fmt: skip
+
+
+def _print_ratios(rows: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> None:
+    for name, ratios in _ratios(rows, ceilings).items():
+        print(f"ratio service/{name} (same minute): {', '.join(f'{w} {r}' for w, r in ratios.items())}")
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     print()
+    for name in CEILINGS:
+        ratios = ", ".join(f"{w} {r}" for w, r in summary[f"ratio_service_to_{name.replace(' ', '_')}"].items())
+        print(f"ratio service/{name} (same minute): {ratios}")
     print(f"ratio service/direct: {summary['ratio_service_to_direct']} (original: 7000/12000 = 0.58)")
     print(f"ratio CURVE/plain at W=128: {summary['ratio_curve_to_plain_at_W128']} (aim: at least 0.75)")
     print(
@@ -287,9 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--lifetime-ms", type=int, default=0)
     r.add_argument("--json", default="var/run.json")
     _resharding_parser(sub)
-    b = sub.add_parser("bench", help="session scenario W=1/16/128 through the service, and direct")
-    b.add_argument("--duration", type=float, default=10.0)
-    b.add_argument("--json", default="var/bench.json")
+    _bench_parser(sub)
     o = sub.add_parser("overload", help="open loop at factor x measured capacity")
     o.add_argument("--scenario", default="slow-backend", choices=["slow-backend", "session", "cache"])
     o.add_argument("--factor", type=float, default=2.5)
@@ -326,6 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     Path("var").mkdir(exist_ok=True)
     commands = {"run": cmd_run, "bench": cmd_bench, "overload": cmd_overload, "prewarm": cmd_prewarm}
     return {**commands, "coordination": cmd_coordination, "events": cmd_events, "resharding": cmd_resharding}[a.cmd](a)
+
+
+def _bench_parser(sub: Any) -> None:
+    b = sub.add_parser("bench", help="session scenario W=1/16/128 through the service, its ceilings, and direct")
+    b.add_argument("--duration", type=float, default=10.0)
+    b.add_argument("--json", default="var/bench.json")
+    b.add_argument("--quick", action="store_true", help="only the service rows and their ceilings (about 2 min)")
 
 
 def _resharding_parser(sub: Any) -> None:

@@ -44,6 +44,8 @@ class Result:
     lost: int = 0
     started: float = 0.0
     ended: float = 0.0
+    #: this process's CPU seconds (all its threads: the loop and libzmq's) from start to the end of the load
+    cpu_s: float = 0.0
 
     def add(self, outcome: str, seconds: float) -> None:
         self.latencies.setdefault(outcome, []).append(seconds)
@@ -122,12 +124,14 @@ class Generator:
     def run(self) -> Result:
         r = self.result
         r.started = time.monotonic()
+        cpu0 = time.process_time()
         end = r.started + self.job.duration_s
         if self.job.rate > 0:
             self._open_loop(end)
         else:
             self._closed_loop(end)
         r.ended = min(time.monotonic(), end) if self.job.rate > 0 else time.monotonic()
+        r.cpu_s = time.process_time() - cpu0
         self._drain()
         self.sock.close()
         self.ctx.term()

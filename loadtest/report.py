@@ -59,6 +59,7 @@ def merge(results: list[Result], *, label: str = "") -> dict[str, Any]:
         "latency": summarize(answered),
         "refusal_latency": summarize(refused) if refused else None,
         "outcomes": dict(sorted(counts.items())),
+        "generator_cpu_s": round(sum(r.cpu_s for r in results), 3),
     }
 
 
