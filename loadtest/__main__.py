@@ -7,6 +7,7 @@ python -m loadtest overload             # 2.5x capacity against a fresh stack
 python -m loadtest prewarm              # the original's claim: products before login
 python -m loadtest coordination         # issue 17's four numbers: counters, lock hand-over, ids, kill -9
 python -m loadtest events               # issue 16's four numbers: latency, subscriber restart, on/off, drop
+python -m loadtest profile              # py-spy on the service at W=16: threads, the loop's top functions
 python -m loadtest resharding          # issue 27: half of 1,000,000 sessions moved to a new shard under load
 """
 
@@ -344,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--lifetime-ms", type=int, default=0)
     r.add_argument("--json", default="var/run.json")
     _resharding_parser(sub)
+    _profile_parser(sub)
     _bench_parser(sub)
     o = sub.add_parser("overload", help="open loop at factor x measured capacity")
     o.add_argument("--scenario", default="slow-backend", choices=["slow-backend", "session", "cache"])
@@ -380,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     Path("var").mkdir(exist_ok=True)
     commands = {"run": cmd_run, "bench": cmd_bench, "overload": cmd_overload, "prewarm": cmd_prewarm}
-    return {**commands, "coordination": cmd_coordination, "events": cmd_events, "resharding": cmd_resharding}[a.cmd](a)
+    commands |= {"coordination": cmd_coordination, "events": cmd_events, "resharding": cmd_resharding}
+    return {**commands, "profile": cmd_profile}[a.cmd](a)
 
 
 def _bench_parser(sub: Any) -> None:
@@ -390,12 +393,26 @@ def _bench_parser(sub: Any) -> None:
     b.add_argument("--quick", action="store_true", help="only the service rows and their ceilings (about 2 min)")
 
 
+def _profile_parser(sub: Any) -> None:
+    pr = sub.add_parser("profile", help="py-spy samples of the service at W=16: threads and the loop's top functions")
+    pr.add_argument("--inflight", type=int, default=16)
+    pr.add_argument("--duration", type=float, default=15.0)
+    pr.add_argument("--out", default="var/profile-w16.txt")
+    pr.add_argument("--target", default="", choices=["", "sketch", "sketch drained"], help="a ceiling instead")
+
+
 def _resharding_parser(sub: Any) -> None:
     rs = sub.add_parser("resharding", help="half of a shard's sessions moved to a new shard under the session load")
     rs.add_argument("--sessions", type=int, default=1_000_000, help="sessions preloaded on the first shard")
     rs.add_argument("--parallel", type=int, default=2, help="moves at once (rebalance --parallel)")
     rs.add_argument("--pause-ms", type=int, default=0, help="rest after each move, per worker (rebalance --pause-ms)")
     rs.add_argument("--json", default="var/resharding.json")
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    from loadtest import profile  # noqa: PLC0415 - needs py-spy (a dev dependency)
+
+    return profile.run(a.inflight, a.duration, out=a.out, target=a.target)
 
 
 def cmd_resharding(a: argparse.Namespace) -> int:
