@@ -8,7 +8,10 @@ hidden; metrics and health HTTP server; worker threads, if
 events publisher's thread (when the workers have threads); the broker thread,
 whose loop runs the worker slots and the publisher by default (each worker
 starts connecting to storage in the background). SIGTERM or SIGINT starts a
-graceful stop (:meth:`Service.stop` keeps its order).
+graceful stop (:meth:`Service.stop` keeps its order). With ``--processes N`` above 1 (or
+``SMARTCACHE_PROCESSES``), after the settings this process becomes the parent of N such services
+behind one endpoint instead (:mod:`smartcache.server.processes`); a child is told its index and
+where to announce itself (PID, metrics port) by two hidden options.
 
 Exit codes: 0 after a stop, whether or not the drain finished in time -- a
 message still queued or running at the drain deadline has been answered
@@ -228,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
         description="The smartcache service in the foreground: a ZeroMQ endpoint for front servers, "
         "Tarantool for storage, Prometheus metrics and /health/live, /health/ready on the metrics port. "
         "SIGTERM or Ctrl-C stops it gracefully.",
-        epilog="Configured only by SMARTCACHE_* environment variables (SMARTCACHE_LISTEN, SMARTCACHE_TARANTOOL, "
+        epilog="Configured by SMARTCACHE_* environment variables (SMARTCACHE_LISTEN, SMARTCACHE_TARANTOOL, "
         "SMARTCACHE_METRICS_PORT...; every one, with its default and range, in docs/configuration.md). "
         "--processes N is SMARTCACHE_PROCESSES=N. "
         "Exit codes: 0 stopped cleanly, 1 failed to start or crashed, 2 bad settings.",

@@ -65,6 +65,7 @@ from smartcache.server.metrics import PREFIX as METRICS_PREFIX
 from smartcache.server.metrics import probe_answer, serve_http
 from smartcache.server.metrics_union import PROCESS_LABEL, exposition, union
 from smartcache.server.parsers import SettingsError, zmq_endpoint
+from smartcache.server.socketthread import SocketThread
 
 log = structlog.get_logger("processes")
 
@@ -144,41 +145,19 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
-class Proxy:
+class Proxy(SocketThread):
     """The proxy thread: the public ROUTER, the DEALER to the children, ``zmq.proxy_steerable`` between."""
 
     def __init__(self, *, context: zmq.Context[Any], listen: str, backends: list[str], max_body_bytes: int) -> None:
-        self._ctx = context
+        super().__init__(context=context, name="proxy", run=self._run)
         self._listen = listen
         self._backends = backends
         self._max_msg_bytes = max_body_bytes + OVERSIZE_MARGIN_BYTES
-        self._control_endpoint = f"inproc://proxy-control-{id(self)}"
-        self._thread = threading.Thread(target=self._run, name="proxy", daemon=True)
-        self._bound = threading.Event()
         self.endpoint = ""
-        self.error: zmq.ZMQError | None = None
-
-    def start(self) -> None:
-        """Bind, connect and run; raises if the endpoint cannot be bound."""
-        self._thread.start()
-        self._bound.wait()
-        if self.error is not None:
-            raise self.error
 
     def stop(self) -> None:
         """End the proxy (safe from any thread)."""
-        sock = self._ctx.socket(zmq.PAIR)
-        try:
-            sock.connect(self._control_endpoint)
-            sock.send(b"TERMINATE")
-        finally:
-            sock.close(linger=1000)
-
-    def join(self, timeout_s: float | None = None) -> None:
-        self._thread.join(timeout_s)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        self.send_control(b"TERMINATE")
 
     def _run(self) -> None:
         ctx = self._ctx
@@ -202,9 +181,9 @@ class Proxy:
             for sock in (frontend, backend, control):
                 sock.close(linger=0)
             self.error = e
-            self._bound.set()
+            self.bound()
             return
-        self._bound.set()
+        self.bound()
         log.info("proxy_listening", endpoint=self.endpoint, processes=len(self._backends))
         try:
             zmq.proxy_steerable(frontend, backend, None, control)

@@ -21,11 +21,12 @@ import zmq
 import zmq.auth
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.devstack import Tarantool, free_port
+from devtools.devstack import Tarantool
 from devtools.tcpproxy import DELAY_REPLIES, TcpProxy
 from smartcache.client.base import request_frames
 from smartcache.wire import FLAG_DATA_ERROR, REGISTRY, STATUS, TRANSPORT_ERROR, Header, decode_body, decode_header
 from smartcache.wire import encode_header as encode
+from tests.conftest import service_env
 from tests.helpers import eventually, metric
 
 PROCESSES = 2
@@ -64,18 +65,10 @@ class Parent:
 @contextlib.contextmanager
 def parent_process(tarantool_address: str, tmp_path: Path, **env: str) -> Iterator[Parent]:
     """`python -m smartcache.server --processes 2` on free ports, ready (every child ready); stopped by PID."""
-    port, metrics_port = free_port(), free_port()
+    full_env, port, metrics_port = service_env(
+        tarantool_address, SMARTCACHE_DRAIN_TIMEOUT_S="10", SMARTCACHE_LOG_LEVEL="info", **env
+    )
     log_path = tmp_path / "parent.log"
-    full_env = {
-        **os.environ,
-        "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}",
-        "SMARTCACHE_TARANTOOL": tarantool_address,
-        "SMARTCACHE_METRICS_PORT": str(metrics_port),
-        "SMARTCACHE_EVENTS_LISTEN": f"tcp://127.0.0.1:{free_port()}",
-        "SMARTCACHE_DRAIN_TIMEOUT_S": "10",
-        "SMARTCACHE_LOG_LEVEL": "info",
-        **env,
-    }
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "smartcache.server", "--processes", str(PROCESSES)],
