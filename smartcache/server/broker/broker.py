@@ -134,8 +134,6 @@ class Broker:
             self.dispatcher.direct[link.identity] = link.to_worker
         self._drain_deadline = 0.0
         self._sockets: tuple[zmq.Socket[Any], zmq.Socket[Any], zmq.Socket[Any]] | None = None
-        #: the sockets that may have a message waiting (_turn): their FD fired, or we sent on them
-        self._unread: set[zmq.Socket[Any]] = set()
         metrics.queue_capacity.set(settings.queue_capacity)
         metrics.watch(metrics.queue_depth, lambda: len(self.queue))
         metrics.watch(metrics.workers_busy, lambda: len(self.dispatcher.inflight))
@@ -228,10 +226,8 @@ class Broker:
             task.add_done_callback(self._guest_ended)
         self._bound.set()
         log.info("broker_listening", endpoint=self.endpoint, queue_capacity=self.queue.capacity)
-        self._unread.update(watched)
-        loop.add_reader(fds[0], self._on_event)  # the client socket is looked at in every turn
-        for fd, sock in zip(fds[1:], watched[1:], strict=True):
-            loop.add_reader(fd, self._on_ready, sock)
+        for fd in fds:
+            loop.add_reader(fd, self._on_event)
         self._on_event()
         loop.call_later(WATCHDOG_PERIOD_S, self._watchdog)
         try:
@@ -274,38 +270,25 @@ class Broker:
         except Exception as e:
             self._finished.set_exception(e)
 
-    def _on_ready(self, sock: zmq.Socket[Any]) -> None:
-        """The FD of a socket other than the client one fired: read it in a turn."""
-        self._unread.add(sock)
-        self._on_event()
-
     def _turn(self) -> None:
-        """The client socket is read in every turn (replies are sent on it, and a send can take the FD's edge);
-        the others only once their FD fired or we sent on them (each look is a zmq call and a syscall or two,
-        and a turn runs about twice per request)."""
         assert self._sockets is not None
         frontend, workers, control = self._sockets
-        dispatcher, unread = self.dispatcher, self._unread
+        dispatcher = self.dispatcher
         more = True
         while more:
             more = False
-            if unread:
-                if workers in unread:
-                    unread.discard(workers)
-                    dispatcher.from_workers(workers, time.monotonic())  # reads until none is waiting
-                if control in unread:
-                    unread.discard(control)
-                    while readable(control):
-                        control.recv()
-                        self._begin_stop()
-                if self._monitor is not None and self._monitor in unread:
-                    unread.discard(self._monitor)
-                    self._handshake_failures(self._monitor)
-            more = self._from_clients(frontend)
+            if readable(workers):
+                dispatcher.from_workers(workers, time.monotonic())
+            if readable(frontend):
+                more = self._from_clients(frontend)
+            if readable(control):
+                control.recv()
+                self._begin_stop()
+            if self._monitor is not None and readable(self._monitor):
+                self._handshake_failures(self._monitor)
             now = time.monotonic()
             dispatcher.expire(now)
-            if dispatcher.dispatch(workers, now):
-                unread.add(workers)  # sent to a worker thread: our send may have taken the edge
+            dispatcher.dispatch(workers, now)
             if self.stopping and ((not self.queue.depth and not dispatcher.inflight) or now >= self._drain_deadline):
                 dispatcher.finish()
                 # Whatever clients sent before we stopped listening still gets its answer (SHUTTING_DOWN).
@@ -319,7 +302,7 @@ class Broker:
                 break
         else:
             # Our own sends may have swallowed an FD edge: look once more.
-            if readable(frontend) or (workers in unread and readable(workers)):
+            if readable(workers) or readable(frontend) or readable(control):
                 self._loop.call_soon(self._on_event)
         self._arm_timer()
 

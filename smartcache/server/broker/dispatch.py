@@ -113,9 +113,8 @@ class Dispatcher:
             for h in self.queue.expire(now):
                 self._replies.refuse(h, "EXPIRED", "lifetime ended before a worker was free", "expired")
 
-    def dispatch(self, sock: zmq.Socket[Any], now: float) -> bool:
-        """Hand the most urgent queued messages to free slots: one batch frame per worker. True when a batch
-        went out on ``sock`` (to a worker thread), False when none did (only workers on this loop, or none)."""
+    def dispatch(self, sock: zmq.Socket[Any], now: float) -> None:
+        """Hand the most urgent queued messages to free slots: one batch frame per worker."""
         free, queue, inflight = self.free, self.queue, self.inflight
         batches: dict[bytes, list[bytes]] = {}
         while free and queue.depth:
@@ -136,15 +135,12 @@ class Dispatcher:
             else:
                 batch += (ticket, h.header, h.body)
         direct = self.direct
-        sent = False
         for wid, items in batches.items():
             deliver = direct.get(wid)
             if deliver is not None:
                 deliver(items)
             else:
                 send_frames(sock, [wid, inproc.pack(items)])
-                sent = True
-        return sent
 
     def reclaim_overdue(self, now: float) -> int:
         """The watchdog: answer and take back every slot held past deadline + grace; returns how many."""
