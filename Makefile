@@ -84,7 +84,7 @@ fmt: venv  ## ruff format and autofix
 	$(VENV)/bin/ruff format smartcache tests loadtest devtools
 	$(VENV)/bin/ruff check --fix smartcache tests loadtest devtools
 
-bench: venv  ## session scenario at W=1/16/128 vs direct, with CURVE, fsync, HA (3 sync) and one/two-shard rows (about 3 min; var/bench.json)
+bench: venv  ## session scenario at W=1/16/128 with its ceilings (sketch, drained sketch, zmq echo), vs direct, CURVE, fsync, HA, one/two shards (about 5 min; var/bench.json)
 	$(PY) -m loadtest bench
 
 bench-resharding: venv  ## half of 1,000,000 sessions moved from one shard to a new one under the session load (about 8 min; var/resharding.json)
