@@ -33,6 +33,7 @@ import zmq.asyncio
 
 from devtools.devstack import free_port
 from smartcache.server import eventloop
+from smartcache.server.handlers import session_text
 from smartcache.wire import REGISTRY
 
 DEFAULT_USER = DEFAULT_PASSWORD = "smartcache"  # noqa: S105 - the local default, as in lua/README.md
@@ -64,8 +65,7 @@ class Sketch:
             if made is not None:
                 header = header[:_SESSION_AT] + bytes.fromhex(made.replace("-", ""))
         elif type_id == _GET:
-            h = header[_SESSION_AT:].hex()  # storage keys sessions by their UUID text, as the service sends them
-            sid = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+            sid = session_text(header[_SESSION_AT:])  # storage keys sessions by their UUID text, as the service
             result = (await self.conn.call("sc.session_get", [None, sid])).body[0]
         else:
             result = {"status": "BAD_REQUEST"}

@@ -10,10 +10,9 @@ the transaction thread, ``wal``, ``iproto``, ``coio``); libzmq's are ``ZMQbg/IO/
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from loadtest.stack import CLK_TCK
 
 Snapshot = dict[int, tuple[str, float]]  # tid -> (thread name, CPU seconds so far)
 

@@ -10,7 +10,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,18 +233,7 @@ def curve_keys(directory: Path) -> tuple[dict[str, str], CurveKeys]:
 
 
 def _wait_ready(sut: ServiceUnderTest, curve: CurveKeys | None = None, timeout_s: float = 20.0) -> None:
-    """Until a storage request is answered and /health/ready says so (with --processes: every process)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{sut.metrics_port}/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline or sut.proc.poll() is not None:
-            raise RuntimeError(f"the service on {sut.endpoint} did not become ready")
-        time.sleep(0.1)
     with Client(sut.endpoint, timeout_s=0.5, curve=curve) as c:
         while True:
             try:
