@@ -2,17 +2,24 @@
 
 One service process uses about one core (its broker loop holds the GIL). The parent binds the public
 endpoint (``SMARTCACHE_LISTEN``) with a ROUTER and runs ``zmq.proxy`` between it and a DEALER in C, in
-a thread that holds no GIL; the DEALER is connected to each child's ROUTER on an ``ipc://`` path in a
-private directory (mode 0700, removed at exit). The children are the normal service
+a thread that holds no GIL; the DEALER is bound on an ``ipc://`` path in a private directory (mode
+0700, removed at exit), and each child's ROUTER connects to it. The children are the normal service
 (:class:`~smartcache.server.app.Service`), each a fresh ``python -m smartcache.server`` (never a fork
-of a running ZeroMQ context), started with the parent's settings except: its own ipc endpoint,
-``SMARTCACHE_ROUTING_HOPS=2`` (a message reaches it as ``[hop, client, (empty), header, body]``, and
-intake keys everything on the client's frame), metrics on 127.0.0.1 on a free port, the events
-publisher in process 0 only (one PUB port per host), and an explicit ``SMARTCACHE_INSTANCE_ID`` with
-``-p<index>`` added (prewarm lease owners stay apart).
+of a running ZeroMQ context), started with the parent's settings except: the proxy's ipc endpoint
+(connected to, not bound), ``SMARTCACHE_ROUTING_HOPS=2`` (a message reaches it as ``[hop, client,
+(empty), header, body]``, and intake keys everything on the client's frame), metrics on 127.0.0.1 on
+a free port, the events publisher in process 0 only (one PUB port per host), and an explicit
+``SMARTCACHE_INSTANCE_ID`` with ``-p<index>`` added (prewarm lease owners stay apart).
 
-The DEALER hands messages round-robin to the children that are connected (``IMMEDIATE``: none to a
-dead one's pipe); each answers its own, through the proxy, exactly as a single process does.
+The DEALER hands messages round-robin to the children that are connected; each answers its own,
+through the proxy, exactly as a single process does. The parent binds rather than connects because
+of what ZeroMQ does when a child's connection ends. On a bound socket the pipe to that child goes
+with its connection: no request is handed to a child that died once the kernel has closed its socket
+(what was handed to it in the moment it died, until its last thread ended, is lost with what it was
+executing), and the answers the pipe holds are still read (the DEALER's LINGER is above 0). A
+connecting DEALER does worse either way: with ``IMMEDIATE`` it drops the answers of a child that
+closed its socket before the proxy read them (one stop in four under load), and without it keeps
+handing requests to a dead child's pipe until the restart, where they are dropped.
 
 CURVE is refused with ``--processes`` above 1 (config.py): a proxy in C cannot carry each client's
 key, which decides what it may send (security.py), to the child, and a Python proxy would cost the
@@ -27,7 +34,8 @@ child ends, so every child is started from the main thread.
 
 Stop (SIGTERM, SIGINT), in this order: every child gets SIGTERM and drains as one process does; the
 parent waits for them up to their drain timeout and a margin (then SIGKILL, logged); then the proxy
-stops (its frontend lingers to flush the last answers); the directory goes; the HTTP server last.
+stops once its counters (``STATISTICS``) show every answer the children sent forwarded to its client
+(its frontend lingers to flush them); the directory goes; the HTTP server last.
 
 The parent's metrics port serves the union of the children's ``/metrics`` (metrics_union.py) and
 ``/health/live``, ``/health/ready`` (ready when every child is, with each one's answer).
@@ -82,6 +90,17 @@ SUPERVISE_EVERY_S = 0.2
 CHILD_HTTP_TIMEOUT_S = 2.0
 #: the routing frames a child sees: the proxy's hop, then the client's identity
 CHILD_ROUTING_HOPS = 2
+#: requests queued in the parent for one child before the round-robin passes it by (bounded memory)
+BACKEND_SNDHWM = 16
+#: how long a word to the proxy's control socket waits for its answer
+CONTROL_ANSWER_MS = 2000
+#: at a stop, the proxy's counters unchanged this long with every answer forwarded: it is settled
+SETTLED_FOR_S = 0.3
+SETTLE_POLL_S = 0.05
+SETTLE_TIMEOUT_S = 5.0
+#: zmq.proxy_steerable's STATISTICS: (frontend, backend) x (messages in, bytes in, messages out, bytes out)
+STAT_FRONTEND_MSG_OUT = 2
+STAT_BACKEND_MSG_IN = 4
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls it
 
@@ -95,7 +114,6 @@ class Child:
     """One service process: where it listens, its process and how it announced itself."""
 
     index: int
-    endpoint: str
     announce: Path
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
@@ -146,45 +164,149 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
 
 
 class Proxy(SocketThread):
-    """The proxy thread: the public ROUTER, the DEALER to the children, ``zmq.proxy_steerable`` between."""
+    """The proxy thread: the DEALER the children connect to, the public ROUTER, ``zmq.proxy_steerable`` between.
 
-    def __init__(self, *, context: zmq.Context[Any], listen: str, backends: list[str], max_body_bytes: int) -> None:
+    ``begin`` binds the DEALER (the children connect to it as they start); ``open`` binds the public
+    endpoint once they are up; ``drain_and_stop`` ends it after every answer the children sent is out.
+    """
+
+    def __init__(self, *, context: zmq.Context[Any], listen: str, backend: str, max_body_bytes: int) -> None:
         super().__init__(context=context, name="proxy", run=self._run)
         self._listen = listen
-        self._backends = backends
+        self._backend = backend
         self._max_msg_bytes = max_body_bytes + OVERSIZE_MARGIN_BYTES
+        self._backend_bound = threading.Event()
+        self._open = threading.Event()
+        self._abandon = False
+        #: the one socket that talks to the proxy's control PAIR: a PAIR takes one peer, and a second one
+        #: connected before the first one's pipe is gone is refused, its words lost (seen: TERMINATE)
+        self._client: zmq.Socket[Any] | None = None
+        self._client_lock = threading.Lock()
         self.endpoint = ""
 
+    def begin(self) -> None:
+        """Start the thread and wait until the children's endpoint is bound (raises if it could not be)."""
+        self._thread.start()
+        self._backend_bound.wait()
+        if self.error is not None:
+            raise self.error
+
+    def open(self) -> None:
+        """Bind the public endpoint and start proxying (raises if it could not be bound)."""
+        self._open.set()
+        self._bound.wait()
+        if self.error is not None:
+            raise self.error
+
+    def start(self) -> None:
+        self.begin()
+        self.open()
+
     def stop(self) -> None:
-        """End the proxy (safe from any thread)."""
-        self.send_control(b"TERMINATE")
+        """End the proxy now (safe from any thread); before ``open``, end the thread that waits for it."""
+        if not self._open.is_set():
+            self._abandon = True
+            self._open.set()
+            return
+        if self._bound.is_set() and self.error is None:
+            try:
+                self._ask(b"TERMINATE")
+            except TimeoutError as e:  # the context's end stops it (proxy_crashed)
+                log.error("proxy_not_stopped", error=str(e))  # noqa: TRY400 - the message says it all
+        if self._client is not None:
+            self._client.close(linger=CONTROL_ANSWER_MS)
+
+    def statistics(self) -> tuple[int, ...]:
+        """The proxy's counters: frontend and backend messages and bytes in and out (eight numbers)."""
+        return tuple(int.from_bytes(f, sys.byteorder) for f in self._ask(b"STATISTICS", answer=True))
+
+    def _ask(self, word: bytes, *, answer: bool = False) -> list[bytes]:
+        """One word to the proxy; its answer when there is one. TimeoutError when it does not take it."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._ctx.socket(zmq.PAIR)
+                self._client.setsockopt(zmq.SNDTIMEO, CONTROL_ANSWER_MS)
+                self._client.connect(self._control_endpoint)
+            try:
+                self._client.send(word)
+            except zmq.Again as e:
+                raise TimeoutError(f"the proxy did not take {word.decode()} in {CONTROL_ANSWER_MS} ms") from e
+            if not answer:
+                return []
+            if not self._client.poll(CONTROL_ANSWER_MS):
+                raise TimeoutError(f"the proxy did not answer {word.decode()} in {CONTROL_ANSWER_MS} ms")
+            return self._client.recv_multipart()
+
+    def drain_and_stop(self, timeout_s: float) -> bool:
+        """After the children stopped: wait until every answer they sent is forwarded, then stop.
+
+        Settled when the messages the backend received equal those the frontend sent, unchanged for
+        ``SETTLED_FOR_S`` (what a child wrote before it exited may still be on its way through the
+        socket). False when that did not happen within timeout_s (stopped anyway).
+        """
+        deadline = time.monotonic() + timeout_s
+        settled = False
+        last: tuple[int, int] | None = None
+        since = time.monotonic()
+        while self.is_alive() and self._bound.is_set() and self.error is None:
+            try:
+                stats = self.statistics()
+            except TimeoutError as e:
+                log.error("proxy_not_settled", error=str(e))  # noqa: TRY400 - the message says it all
+                break
+            now = (stats[STAT_BACKEND_MSG_IN], stats[STAT_FRONTEND_MSG_OUT])
+            if now != last or now[0] != now[1]:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= SETTLED_FOR_S:
+                settled = True
+                break
+            if time.monotonic() > deadline:
+                log.error("proxy_not_settled", answers_in=now[0], answers_out=now[1])
+                break
+            time.sleep(SETTLE_POLL_S)
+        self.stop()
+        return settled
 
     def _run(self) -> None:
         ctx = self._ctx
         frontend, backend, control = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER), ctx.socket(zmq.PAIR)
+        sockets = (frontend, backend, control)
         try:
+            # The parent binds, the children connect: a bound socket has a pipe to a child only while that
+            # child is connected (a dead one gets no more requests once its connection closes), and a pipe
+            # whose child went away still hands over the answers it holds (LINGER above 0 on the DEALER).
+            backend.setsockopt(zmq.RCVHWM, 0)  # answers are never dropped between a child and the proxy
+            backend.setsockopt(zmq.SNDHWM, BACKEND_SNDHWM)
+            backend.setsockopt(zmq.LINGER, FLUSH_LINGER_MS)
+            control.bind(self._control_endpoint)
+            backend.bind(self._backend)
+        except zmq.ZMQError as e:
+            for sock in sockets:
+                sock.close(linger=0)
+            self.error = e
+            self._backend_bound.set()
+            return
+        self._backend_bound.set()
+        self._open.wait()
+        try:
+            if self._abandon:
+                raise zmq.ZMQError(zmq.ETERM, "stopped before it was opened")
             # As the single process's client socket (broker.py), but never ROUTER_MANDATORY: an answer to a
             # client gone must not stop the proxy; it is dropped.
             frontend.setsockopt(zmq.SNDHWM, FRONTEND_SNDHWM)
             frontend.setsockopt(zmq.RCVHWM, FRONTEND_RCVHWM)
             frontend.setsockopt(zmq.MAXMSGSIZE, self._max_msg_bytes)
             frontend.setsockopt(zmq.LINGER, FLUSH_LINGER_MS)
-            backend.setsockopt(zmq.IMMEDIATE, 1)  # round-robin over the connected children only
-            backend.setsockopt(zmq.RCVHWM, 0)  # answers are never dropped between a child and the proxy
-            backend.setsockopt(zmq.LINGER, 0)
-            control.bind(self._control_endpoint)
-            for endpoint in self._backends:
-                backend.connect(endpoint)
             frontend.bind(self._listen)
             self.endpoint = frontend.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as e:
-            for sock in (frontend, backend, control):
+            for sock in sockets:
                 sock.close(linger=0)
             self.error = e
             self.bound()
             return
         self.bound()
-        log.info("proxy_listening", endpoint=self.endpoint, processes=len(self._backends))
+        log.info("proxy_listening", endpoint=self.endpoint, backend=self._backend)
         try:
             zmq.proxy_steerable(frontend, backend, None, control)
         except zmq.ZMQError as e:
@@ -204,15 +326,14 @@ class Processes:
         self.settings = settings
         self._env = dict(env)
         self.dir = Path(tempfile.mkdtemp(prefix="smartcache-processes-"))  # mode 0700
-        self.children = [
-            Child(index=i, endpoint=zmq_endpoint(f"ipc://{self.dir}/{i}.sock"), announce=self.dir / f"{i}.json")
-            for i in range(settings.processes)
-        ]
+        #: where the proxy's DEALER listens and every child connects
+        self.backend = zmq_endpoint(f"ipc://{self.dir}/proxy.sock")
+        self.children = [Child(index=i, announce=self.dir / f"{i}.json") for i in range(settings.processes)]
         self.context: zmq.Context[Any] = zmq.Context()
         self.proxy = Proxy(
             context=self.context,
             listen=settings.listen,
-            backends=[c.endpoint for c in self.children],
+            backend=self.backend,
             max_body_bytes=settings.max_body_bytes,
         )
         self.stopping = False
@@ -235,8 +356,12 @@ class Processes:
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Children first (each bound and announced), then the public endpoint, then the HTTP server."""
+        """The children's endpoint, the children (each connected and announced), the public one, HTTP."""
         s = self.settings
+        try:
+            self.proxy.begin()
+        except zmq.ZMQError as e:
+            raise StartError(f"the processes' endpoint {self.backend}: {e.strerror}") from e
         for c in self.children:
             self._spawn(c)
         deadline = time.monotonic() + CHILD_START_TIMEOUT_S
@@ -249,7 +374,7 @@ class Processes:
                     raise StartError(f"process {c.index} did not start within {CHILD_START_TIMEOUT_S:g} s")
                 time.sleep(0.02)
         try:
-            self.proxy.start()
+            self.proxy.open()
         except zmq.ZMQError as e:
             raise StartError(f"{PREFIX}LISTEN={s.listen}: {e.strerror}") from e
         try:
@@ -319,8 +444,8 @@ class Processes:
                 log.error("process_killed", process=c.index, pid=c.proc.pid, reason="did not stop in time")  # noqa: TRY400 - a timeout, no traceback to show
                 c.proc.kill()
                 c.proc.wait()
-        if self.proxy.is_alive():
-            self.proxy.stop()  # 2. the proxy; its frontend lingers to flush the last answers
+        if self.proxy.is_alive():  # 2. the proxy, once their last answers are through; its frontend lingers
+            self.proxy.drain_and_stop(SETTLE_TIMEOUT_S)
             self.proxy.join(FLUSH_LINGER_MS / 1000 + JOIN_MARGIN_S)
         self.context.term()
         shutil.rmtree(self.dir, ignore_errors=True)  # 3. the ipc sockets and announce files
@@ -335,7 +460,7 @@ class Processes:
         c.started_at = time.monotonic()
         c.proc = subprocess.Popen(
             [sys.executable, "-m", "smartcache.server", "--process-index", str(c.index), "--announce", str(c.announce)],
-            env=child_env(self._env, self.settings, c.index, c.endpoint),
+            env=child_env(self._env, self.settings, c.index, self.backend),
             preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - one ctypes call and getppid, no locks
             process_group=0,  # a Ctrl-C reaches the parent only, which stops the children in order
         )

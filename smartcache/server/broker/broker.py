@@ -173,7 +173,10 @@ class Broker(SocketThread):
                 self._curve.secure(frontend)
                 # Handshakes that fail (plain text, a wrong server key) are counted: no frame of theirs arrives.
                 self._monitor = frontend.get_monitor_socket(HANDSHAKE_FAILURES)
-            frontend.bind(self._settings.listen)
+            if self._settings.routing_hops > 1:  # behind the --processes proxy, which binds (processes.py)
+                frontend.connect(self._settings.listen)
+            else:
+                frontend.bind(self._settings.listen)
             self.endpoint = frontend.getsockopt_string(zmq.LAST_ENDPOINT)
             workers.setsockopt(zmq.ROUTER_MANDATORY, 1)
             workers.setsockopt(zmq.SNDHWM, 0)
