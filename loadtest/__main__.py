@@ -34,6 +34,7 @@ from loadtest.stack import (
     ServiceUnderTest,
     curve_keys,
     ha_stack,
+    process_cpu_seconds,
     service,
     sharded_stack,
     stack,
@@ -101,6 +102,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
             return 0
         curve_row, d = _curve_and_direct(master, a.duration)
         rows.append(d)
+    # More than one core behind one endpoint: --processes 2 against 1, back to back (fresh stacks, W=128).
+    print("  processes: one endpoint served by 1 and by 2 service processes...", file=sys.stderr, flush=True)
+    processes = [_processes_row(n, a.duration) for n in (1, 2)]
     # The durability profiles: one instance with fsync (the standalone default), and HA (three instances,
     # synchronous sessions: an acknowledged write is on a quorum).
     print("  profiles: one instance with fsync; three with synchronous replication...", file=sys.stderr, flush=True)
@@ -136,6 +140,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "ratio_curve_to_plain_at_W128": round(curve_row["throughput_rps"] / rows[2]["throughput_rps"], 2),
         "ratio_fsync_to_write_at_W128": round(profiles[0]["throughput_rps"] / rows[2]["throughput_rps"], 2),
         "ratio_ha_sync_to_write_at_W128": round(profiles[1]["throughput_rps"] / rows[2]["throughput_rps"], 2),
+        "ratio_two_processes_to_one_at_W128": round(processes[1]["throughput_rps"] / processes[0]["throughput_rps"], 2),
         "ratio_two_shards_to_one_at_W128": round(sharding[1]["throughput_rps"] / sharding[0]["throughput_rps"], 2),
         "service_peak_rss_mib": round(peak_rss / 2**20, 1),
         "service_cpu_seconds_per_1000_requests": round(service_cpu / answered * 1000, 3),
@@ -147,7 +152,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.json,
         {
             "machine": _machine(),
-            "runs": [*rows, *ceilings, curve_row, *profiles, *sharding, *reads],
+            "runs": [*rows, *ceilings, curve_row, *processes, *profiles, *sharding, *reads],
             "summary": summary,
             "at": time.strftime("%FT%TZ", time.gmtime()),
         },
@@ -278,6 +283,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"durability at W=128, ratio to wal_mode write: fsync {summary['ratio_fsync_to_write_at_W128']}, "
         f"HA 3 instances with synchronous sessions {summary['ratio_ha_sync_to_write_at_W128']}"
     )
+    two = summary["ratio_two_processes_to_one_at_W128"]
+    print(f"--processes 2 to 1 at W=128: {two} (2 cores, shared with the load generator and Tarantool)")
     print(f"sharded at W=128, two shards to one: {summary['ratio_two_shards_to_one_at_W128']} (one box: routing cost)")
     print(
         f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
@@ -303,6 +310,31 @@ def _curve_and_direct(master: Any, duration_s: float) -> tuple[dict[str, Any], d
     d = direct.run(master.address, threads=4, duration_s=duration_s)
     print(format_line(d), flush=True)
     return curve_row, d
+
+
+def _processes_row(n: int, duration_s: float) -> dict[str, Any]:
+    """The session scenario at W=128 through `smartcache --processes n` (one endpoint), with the CPU per 1,000
+    requests of the parent (its proxy) and of all its service processes, and of Tarantool."""
+    with stack({"SMARTCACHE_PROCESSES": str(n)}, {"SC_WAL_MODE": "write"}) as (master, sut):
+        parent0, all0, tnt0 = sut.cpu_seconds(), process_cpu_seconds(sut.proc.pid), process_cpu_seconds(master.pid)
+        threads0 = cpu.snapshot(sut.proc.pid)
+        job = Job(endpoint=sut.endpoint, scenario="session", duration_s=duration_s, inflight=128)
+        rep = runner.run(job, 2, label=f"service session W=128 --processes {n}")
+        parent, everything = sut.cpu_seconds() - parent0, process_cpu_seconds(sut.proc.pid) - all0
+        if n > 1:  # the parent's threads: the proxy's (the busiest python one) and libzmq's I/O threads
+            rep["parent_cpu_us_per_request"] = cpu.per_request(threads0, cpu.snapshot(sut.proc.pid), rep["replies"])
+        tnt = process_cpu_seconds(master.pid) - tnt0
+    per = 1000 / max(1, rep["replies"])
+    rep["cpu_seconds_per_1000"] = {
+        "service processes": round((everything - parent) * per if n > 1 else everything * per, 3),
+        **({"parent (proxy)": round(parent * per, 3)} if n > 1 else {}),
+        "tarantool": round(tnt * per, 3),
+        "load generator": round(rep["generator_cpu_s"] * per, 3),
+    }
+    print(f"{format_line(rep)}\n    CPU s per 1,000 requests: {rep['cpu_seconds_per_1000']}", flush=True)
+    if n > 1:
+        print(f"    the parent's threads, CPU µs per request: {rep['parent_cpu_us_per_request']}", flush=True)
+    return rep
 
 
 def _sharded_row(shards: int, duration_s: float) -> dict[str, Any]:

@@ -199,19 +199,25 @@ class ServiceProcess:
         return self.proc.wait(timeout_s)
 
 
-@contextlib.contextmanager
-def service_process(storage: Tarantool, tmp_path: Path, **env: str) -> Iterator[ServiceProcess]:
-    """The real `python -m smartcache.server` as a child process, stopped by its PID."""
+def service_env(tarantool: str, **env: str) -> tuple[dict[str, str], int, int]:
+    """The environment of a real service process on free ports: (environment, client port, metrics port)."""
     port, metrics_port = free_port(), free_port()
-    log_path = tmp_path / "service.log"
     full_env = {
         **os.environ,
         "SMARTCACHE_LISTEN": f"tcp://127.0.0.1:{port}",
-        "SMARTCACHE_TARANTOOL": storage.address,
+        "SMARTCACHE_TARANTOOL": tarantool,
         "SMARTCACHE_METRICS_PORT": str(metrics_port),
         "SMARTCACHE_EVENTS_LISTEN": f"tcp://127.0.0.1:{free_port()}",
         **env,
     }
+    return full_env, port, metrics_port
+
+
+@contextlib.contextmanager
+def service_process(storage: Tarantool, tmp_path: Path, **env: str) -> Iterator[ServiceProcess]:
+    """The real `python -m smartcache.server` as a child process, stopped by its PID."""
+    full_env, port, metrics_port = service_env(storage.address, **env)
+    log_path = tmp_path / "service.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "smartcache.server"], env=full_env, stdout=log, stderr=subprocess.STDOUT

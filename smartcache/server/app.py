@@ -8,7 +8,10 @@ hidden; metrics and health HTTP server; worker threads, if
 events publisher's thread (when the workers have threads); the broker thread,
 whose loop runs the worker slots and the publisher by default (each worker
 starts connecting to storage in the background). SIGTERM or SIGINT starts a
-graceful stop (:meth:`Service.stop` keeps its order).
+graceful stop (:meth:`Service.stop` keeps its order). With ``--processes N`` above 1 (or
+``SMARTCACHE_PROCESSES``), after the settings this process becomes the parent of N such services
+behind one endpoint instead (:mod:`smartcache.server.processes`); a child is told its index and
+where to announce itself (PID, metrics port) by two hidden options.
 
 Exit codes: 0 after a stop, whether or not the drain finished in time -- a
 message still queued or running at the drain deadline has been answered
@@ -21,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import signal
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -32,7 +38,7 @@ import zmq
 
 from smartcache import __version__
 from smartcache.cli import cluster, moves
-from smartcache.server import logs
+from smartcache.server import logs, processes
 from smartcache.server.broker.broker import Broker, Guest
 from smartcache.server.config import Settings, unknown_variables
 from smartcache.server.deadlines import JOIN_MARGIN_S
@@ -225,8 +231,9 @@ def _parser() -> argparse.ArgumentParser:
         description="The smartcache service in the foreground: a ZeroMQ endpoint for front servers, "
         "Tarantool for storage, Prometheus metrics and /health/live, /health/ready on the metrics port. "
         "SIGTERM or Ctrl-C stops it gracefully.",
-        epilog="Configured only by SMARTCACHE_* environment variables (SMARTCACHE_LISTEN, SMARTCACHE_TARANTOOL, "
+        epilog="Configured by SMARTCACHE_* environment variables (SMARTCACHE_LISTEN, SMARTCACHE_TARANTOOL, "
         "SMARTCACHE_METRICS_PORT...; every one, with its default and range, in docs/configuration.md). "
+        "--processes N is SMARTCACHE_PROCESSES=N. "
         "Exit codes: 0 stopped cleanly, 1 failed to start or crashed, 2 bad settings.",
     )
 
@@ -240,17 +247,39 @@ def tune_gc() -> None:
     gc.freeze()
 
 
+def announce(path: Path, service: Service) -> None:
+    """A child of ``--processes``, started: its PID and metrics port for the parent (written whole, then
+    renamed, so the parent never reads half of it)."""
+    doc = {"pid": os.getpid(), "metrics_port": service.metrics_port, "endpoint": service.broker.endpoint}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.parse_args(argv)  # --help and --version exit here, before anything starts
-    logs.configure()
+    parser.add_argument(
+        "--processes",
+        metavar="N",
+        help="serve SMARTCACHE_LISTEN with N service processes behind one ZeroMQ proxy, one metrics and health "
+        "view on SMARTCACHE_METRICS_PORT (default: SMARTCACHE_PROCESSES, else 1: one process, no proxy; "
+        "not with CURVE); see docs/operations.md",
+    )
+    # Set by the --processes parent for its children only.
+    parser.add_argument("--process-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--announce", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)  # --help and --version exit here, before anything starts
+    logs.configure(process=args.process_index)
+    env = dict(os.environ)
+    if args.processes is not None:
+        env["SMARTCACHE_PROCESSES"] = args.processes  # checked, and named when bad, as the variable is
     try:
-        settings = Settings.from_env()
+        settings = Settings.from_env(env)
     except SettingsError as e:
         log.error("bad_settings", error=str(e))  # noqa: TRY400 - the message says it all
         return 2
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, process=args.process_index)
     log.info("settings", version=__version__, settings=settings.redacted())
     unknown = unknown_variables()
     if unknown:
@@ -259,12 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    if settings.processes > 1:
+        return processes.run(settings, env, stop=stop, reload=reload)
     service = Service(settings)
     try:
         service.start()
     except (StartError, zmq.ZMQError, OSError) as e:
         log.error("start_failed", error=str(e))  # noqa: TRY400 - the message says it all
         return 1
+    if args.announce is not None:
+        announce(args.announce, service)
     tune_gc()
     while not stop.wait(0.5):
         if reload.is_set():

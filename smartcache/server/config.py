@@ -73,6 +73,12 @@ DEVELOPMENT_PASSWORD = "smartcache"  # noqa: S105 - the documented local default
 #: bad input answered per second, per client connection and in all (beyond: dropped unanswered, counted)
 DEFAULT_BAD_INPUT_PER_PEER_PER_S = 100
 DEFAULT_BAD_INPUT_PER_S = 1000
+#: service processes behind one endpoint (smartcache/server/processes.py); 1 is the single process, no proxy
+DEFAULT_PROCESSES = 1
+MAX_PROCESSES = 64
+#: routing frames before the client's own identity: 1 from a client, 2 behind the --processes proxy
+DEFAULT_ROUTING_HOPS = 1
+MAX_ROUTING_HOPS = 2
 #: how a secret that is not set shows in redacted settings (set ones show "***")
 UNSET = "unset"
 #: settings whose value is never logged
@@ -142,6 +148,10 @@ class Settings:
     bad_input_per_s: int = DEFAULT_BAD_INPUT_PER_S
     #: where the event log is published (ZeroMQ PUB); "" = no publisher
     events_listen: str = DEFAULT_EVENTS_LISTEN
+    #: service processes behind settings.listen (--processes N); above 1 this process is their parent
+    processes: int = DEFAULT_PROCESSES
+    #: routing frames a message arrives with before the client's identity (2 in a child of --processes)
+    routing_hops: int = DEFAULT_ROUTING_HOPS
 
     @property
     def curve(self) -> bool:
@@ -281,6 +291,8 @@ def _build(r: _Env) -> Settings:
         bad_input_per_peer_per_s=r.get("BAD_INPUT_PER_PEER_PER_S", DEFAULT_BAD_INPUT_PER_PEER_PER_S, parse_integer(1)),
         bad_input_per_s=r.get("BAD_INPUT_PER_S", DEFAULT_BAD_INPUT_PER_S, parse_integer(1)),
         events_listen=r.get("EVENTS_LISTEN", DEFAULT_EVENTS_LISTEN, parse_events_listen),
+        processes=r.get("PROCESSES", DEFAULT_PROCESSES, parse_integer(1, MAX_PROCESSES)),
+        routing_hops=r.get("ROUTING_HOPS", DEFAULT_ROUTING_HOPS, parse_integer(1, MAX_ROUTING_HOPS)),
     )
     _check_security(r, settings)
     if settings.events_listen == settings.listen and not settings.listen.endswith((":0", ":*")):
@@ -318,6 +330,12 @@ def _check_security(r: _Env, s: Settings) -> None:
     """CURVE needs both its files; production mode refuses every development default (SECURITY.md)."""
     if bool(s.curve_secret_key_file) != bool(s.curve_clients_dir):
         r.fail(f"{PREFIX}CURVE_SECRET_KEY_FILE and {PREFIX}CURVE_CLIENTS_DIR go together: set both or neither")
+    if s.curve and s.processes > 1:
+        r.fail(
+            f"{PREFIX}PROCESSES={s.processes} (--processes) with {PREFIX}CURVE_SECRET_KEY_FILE: "
+            "CURVE needs one process per endpoint (the processes' proxy cannot carry each client's key, "
+            "which decides what it may send); unset one"
+        )
     if s.env != "production":
         return
     if s.tarantool_password == DEVELOPMENT_PASSWORD:

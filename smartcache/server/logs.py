@@ -28,16 +28,24 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNI
 
 
 def configure(
-    level: str = "info", stream: TextIO | None = None, *, console: bool | None = None, cache: bool = True
+    level: str = "info",
+    stream: TextIO | None = None,
+    *,
+    console: bool | None = None,
+    cache: bool = True,
+    process: int | None = None,
 ) -> None:
     """timestamp, level, event, bound context (request_id...), one line each.
 
     console: coloured, human-readable lines; by default when the stream is a terminal, else JSON.
     cache: loggers keep their configuration after first use (fast); tests that configure again pass False.
+    process: a child of ``--processes``: its index, as the ``process`` field of every line (on every
+    thread: a contextvar would not reach the broker's and workers' threads).
     """
     out = stream or sys.stdout
     if console is None:
         console = out.isatty()
+    fields = [_with_fields({"process": process})] if process is not None else []
     renderer: list[Processor] = (
         [structlog.dev.ConsoleRenderer(colors=True, exception_formatter=structlog.dev.plain_traceback)]
         if console
@@ -50,6 +58,7 @@ def configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             add_request_id,
+            *fields,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             *renderer,
@@ -58,7 +67,17 @@ def configure(
         logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=cache,
     )
-    _route_stdlib(renderer, out, LEVELS[level])
+    _route_stdlib([*fields, *renderer], out, LEVELS[level])
+
+
+def _with_fields(fields: dict[str, object]) -> Processor:
+    """A processor adding the same fields to every line."""
+
+    def add(_logger: object, _method: str, event: EventDict) -> EventDict:
+        event.update(fields)
+        return event
+
+    return add
 
 
 def add_request_id(_logger: object, _method: str, event: EventDict) -> EventDict:

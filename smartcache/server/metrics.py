@@ -357,34 +357,14 @@ class Metrics:
         live and ready are called on each probe; without them the probe passes while the process answers.
         token: /metrics then needs ``Authorization: Bearer <token>`` (the probes stay open: they show no data).
         """
-        metrics_app = make_wsgi_app(self.registry)
         probes = {"/health/live": live or dict, "/health/ready": ready or dict}
-        expected = f"Bearer {token}".encode()
-
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            checks = probes.get(environ.get("PATH_INFO", ""))
-            if checks is None:
-                given = environ.get("HTTP_AUTHORIZATION", "").encode()
-                if token and not hmac.compare_digest(given, expected):
-                    start_response("401 Unauthorized", [("WWW-Authenticate", "Bearer"), ("Content-Length", "0")])
-                    return [b""]
-                return metrics_app(environ, start_response)  # type: ignore[no-any-return]
-            code, body = _probe(checks)
-            start_response(
-                "200 OK" if code == 200 else "503 Service Unavailable",
-                [
-                    ("Content-Type", "application/json"),
-                    ("Content-Length", str(len(body))),
-                    ("Cache-Control", "no-store"),
-                ],
-            )
-            return [body]
-
-        class Server(ThreadingWSGIServer):
-            address_family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
-
-        self._server = make_server(addr, port, app, Server, handler_class=_QuietHandler)
-        threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True).start()
+        self._server = serve_http(
+            addr,
+            port,
+            metrics_app=make_wsgi_app(self.registry),
+            probes={path: _probe_of(checks) for path, checks in probes.items()},
+            token=token,
+        )
         return int(self._server.server_port)
 
     def close(self) -> None:
@@ -395,16 +375,68 @@ class Metrics:
             self._server = None
 
 
+#: a health probe's answer: HTTP status (200 or 503) and JSON body
+Probe = Callable[[], tuple[int, bytes]]
+
+
+def serve_http(
+    addr: str, port: int, *, metrics_app: Callable[..., Iterable[bytes]], probes: Mapping[str, Probe], token: str
+) -> ThreadingWSGIServer:
+    """An HTTP server in a daemon thread: the probes on their paths, metrics_app on every other one (behind
+    the bearer token when there is one). The one service process's and the ``--processes`` parent's."""
+    expected = f"Bearer {token}".encode()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None:
+            given = environ.get("HTTP_AUTHORIZATION", "").encode()
+            if token and not hmac.compare_digest(given, expected):
+                start_response("401 Unauthorized", [("WWW-Authenticate", "Bearer"), ("Content-Length", "0")])
+                return [b""]
+            return metrics_app(environ, start_response)
+        code, body = probe()
+        start_response(
+            "200 OK" if code == 200 else "503 Service Unavailable",
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(body))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
+        return [body]
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+
+    server = make_server(addr, port, app, Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
+
+
+def _probe_of(checks: Checks) -> Probe:
+    return lambda: _probe(checks)
+
+
 def _probe(checks: Checks) -> tuple[int, bytes]:
     """(HTTP status, JSON body) of one health probe: 503 names the failing checks."""
     try:
         results = {name: bool(ok) for name, ok in checks().items()}
     except Exception as e:
         log.exception("health_check_failed")
-        results, failing = {}, [f"check raised {type(e).__name__}"]
-    else:
+        return probe_answer({}, failing=[f"check raised {type(e).__name__}"])
+    return probe_answer(results)
+
+
+def probe_answer(
+    results: Mapping[str, bool], *, failing: list[str] | None = None, detail: Mapping[str, Any] | None = None
+) -> tuple[int, bytes]:
+    """(HTTP status, JSON body) of checks that ran: 200 when each passed, else 503 naming the failing ones;
+    detail (the ``--processes`` parent's: each process's own answer) goes in the body as it is."""
+    if failing is None:
         failing = sorted(name for name, ok in results.items() if not ok)
-    doc = {"status": "fail" if failing else "pass", "checks": results, "failing": failing}
+    doc: dict[str, Any] = {"status": "fail" if failing else "pass", "checks": dict(results), "failing": failing}
+    if detail is not None:
+        doc["processes"] = detail
     return (503 if failing else 200), json.dumps(doc).encode()
 
 

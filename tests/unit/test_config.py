@@ -1,6 +1,9 @@
 """Settings come from the environment only, with named defaults and precise errors."""
 
+from pathlib import Path
+
 import pytest
+import zmq.auth
 
 from smartcache.server.config import DEFAULT_QUEUE_CAPACITY, DEFAULT_WORKERS, Settings, unknown_variables
 from smartcache.server.parsers import SettingsError
@@ -58,6 +61,8 @@ def test_values_are_read_and_bulkheads_overridden() -> None:
         ("SMARTCACHE_INSTANCE_ID", "pod-7.zone_a:1", "pod-7.zone_a:1"),
         ("SMARTCACHE_WORKER_THREADS", "100", 100),
         ("SMARTCACHE_DRAIN_TIMEOUT_S", "0", 0.0),
+        ("SMARTCACHE_PROCESSES", "4", 4),
+        ("SMARTCACHE_ROUTING_HOPS", "2", 2),
     ],
 )
 def test_good_values_are_accepted(name: str, value: str, expected: object) -> None:
@@ -104,6 +109,10 @@ def test_good_values_are_accepted(name: str, value: str, expected: object) -> No
         ({"SMARTCACHE_MAX_BODY_BYTES": "2000000"}, "SMARTCACHE_MAX_BODY_BYTES"),
         ({"SMARTCACHE_WORKERS": "4", "SMARTCACHE_WORKER_THREADS": "8"}, "SMARTCACHE_WORKER_THREADS"),
         ({"SMARTCACHE_INSTANCE_ID": "a/b"}, "SMARTCACHE_INSTANCE_ID"),
+        ({"SMARTCACHE_PROCESSES": "0"}, "SMARTCACHE_PROCESSES"),
+        ({"SMARTCACHE_PROCESSES": "65"}, "SMARTCACHE_PROCESSES"),
+        ({"SMARTCACHE_PROCESSES": "two"}, "SMARTCACHE_PROCESSES"),
+        ({"SMARTCACHE_ROUTING_HOPS": "3"}, "SMARTCACHE_ROUTING_HOPS"),
         ({"SMARTCACHE_INSTANCE_ID": "x" * 129}, "SMARTCACHE_INSTANCE_ID"),
         ({"SMARTCACHE_CLUSTER": "prod"}, "SMARTCACHE_CLUSTER needs SMARTCACHE_ETCD"),
         ({"SMARTCACHE_CLUSTER": "a/b", "SMARTCACHE_ETCD": "http://etcd:2379"}, "SMARTCACHE_CLUSTER"),
@@ -172,3 +181,12 @@ def test_smartcache_etcd_alone_is_the_clis_and_changes_nothing_for_the_service()
     s = Settings.from_env({"SMARTCACHE_ETCD": "not even a url"})
     assert (s.discovery, s.etcd, s.tarantool) == (False, (), ("127.0.0.1:3301",))
     assert unknown_variables({"SMARTCACHE_ETCD": "x", "SMARTCACHE_CLUSTER": ""}) == []
+
+
+def test_curve_with_more_than_one_process_is_refused_naming_both_settings(tmp_path: Path) -> None:
+    _, secret = zmq.auth.create_certificates(str(tmp_path), "server")
+    env = {"SMARTCACHE_CURVE_SECRET_KEY_FILE": secret, "SMARTCACHE_CURVE_CLIENTS_DIR": str(tmp_path)}
+    assert Settings.from_env({**env, "SMARTCACHE_PROCESSES": "1"}).curve
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({**env, "SMARTCACHE_PROCESSES": "2"})
+    assert "SMARTCACHE_PROCESSES=2 (--processes) with SMARTCACHE_CURVE_SECRET_KEY_FILE" in str(e.value)

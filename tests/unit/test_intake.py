@@ -534,3 +534,49 @@ def test_a_ping_with_a_session_id_breaks_its_session_rule_and_is_answered_bad_re
     assert sent.body["status"] == STATUS["BAD_REQUEST"]
     assert "session_id" in sent.body["message"]
     assert d.outcome("PING", "BAD_REQUEST") == 1
+
+
+# -- behind the --processes proxy: one more routing frame (the proxy's hop) ------------------------
+
+HOP = b"proxy-hop"
+
+
+def test_behind_the_proxy_a_header_alone_is_answered_bad_frames_through_hop_and_client() -> None:
+    d = door(routing_hops=2)
+    d.accept([HOP, PEER, header("DEVICE_LOOKUP", request_id=7)])
+    sent = d.replies.only()
+    assert sent.envelope == [HOP, PEER]
+    assert sent.header.transport_error == TRANSPORT_ERROR["BAD_FRAMES"]
+    assert sent.header.request_id == 7
+    assert d.bad_input("BAD_FRAMES") == 1
+
+
+def test_behind_the_proxy_a_good_message_is_queued_with_hop_client_and_delimiter() -> None:
+    d = door(routing_hops=2)
+    d.accept([HOP, *frames("DEVICE_LOOKUP", req=True, request_id=9)])
+    (h,) = d.queued()
+    assert h.envelope == [HOP, PEER, b""]
+    assert d.replies.sent == []
+
+
+def test_behind_the_proxy_an_identity_without_frames_is_answered_bad_frames() -> None:
+    d = door(routing_hops=2)
+    d.accept([HOP, PEER])
+    assert d.replies.only().envelope == [HOP, PEER]
+    assert d.outcome("UNKNOWN", "BAD_FRAMES") == 1
+
+
+def test_behind_the_proxy_less_than_the_routing_frames_is_counted_and_never_answered() -> None:
+    d = door(routing_hops=2)
+    d.accept([HOP])
+    assert d.replies.sent == []
+    assert d.bad_input("BAD_FRAMES") == 1
+
+
+def test_behind_the_proxy_the_bad_input_rate_is_each_clients_not_the_hops(clock: Clock) -> None:
+    d = door(routing_hops=2, bad_input_per_peer_per_s=2, bad_input_per_s=100)
+    for _ in range(3):
+        d.accept([HOP, *garbage()])
+    assert len(d.replies.sent) == 2
+    d.accept([HOP, *garbage(b"peer-2")])  # the same hop, another client: a budget of its own
+    assert d.replies.sent[-1].envelope == [HOP, b"peer-2"]

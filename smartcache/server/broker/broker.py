@@ -29,7 +29,6 @@ then the sockets close, flushing replies.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
@@ -48,6 +47,7 @@ from smartcache.server.config import Settings
 from smartcache.server.deadlines import STOP_GRACE_S, WATCHDOG_PERIOD_S
 from smartcache.server.metrics import Metrics, label
 from smartcache.server.security import Curve
+from smartcache.server.socketthread import SocketThread
 from smartcache.server.zmqio import readable, recv_frames, recv_frames_with_user
 from smartcache.wire import REGISTRY
 
@@ -79,7 +79,7 @@ class Guest(Protocol):
     def stop(self) -> None: ...
 
 
-class Broker:
+class Broker(SocketThread):
     """The broker thread. ``start`` binds and runs it; ``stop`` begins the drain; ``join`` waits."""
 
     def __init__(
@@ -103,12 +103,8 @@ class Broker:
         self._loop: asyncio.AbstractEventLoop  # set in _main, on the broker thread
         self._finished: asyncio.Future[None]  # set in _main
         self._timer: asyncio.TimerHandle | None = None
-        self._ctx = context
-        self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
-        self._bound = threading.Event()
-        self._control_endpoint = f"inproc://broker-control-{id(self)}"
+        super().__init__(context=context, name="broker", run=self._run)
         self.endpoint = ""
-        self.error: BaseException | None = None
         self.queue = PriorityQueue(
             capacity=settings.queue_capacity,
             priorities={t.id: t.priority for t in REGISTRY.types.values()},
@@ -150,27 +146,9 @@ class Broker:
 
     # -- lifecycle -------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the thread and wait until the sockets are bound (raises if binding failed)."""
-        self._thread.start()
-        self._bound.wait()
-        if self.error is not None:
-            raise self.error
-
     def stop(self) -> None:
         """Begin the drain (safe from any thread)."""
-        sock = self._ctx.socket(zmq.PAIR)
-        try:
-            sock.connect(self._control_endpoint)
-            sock.send(b"STOP")
-        finally:
-            sock.close(linger=1000)
-
-    def join(self, timeout_s: float | None = None) -> None:
-        self._thread.join(timeout_s)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        self.send_control(b"STOP")
 
     # -- the loop --------------------------------------------------------------
     #
@@ -195,7 +173,10 @@ class Broker:
                 self._curve.secure(frontend)
                 # Handshakes that fail (plain text, a wrong server key) are counted: no frame of theirs arrives.
                 self._monitor = frontend.get_monitor_socket(HANDSHAKE_FAILURES)
-            frontend.bind(self._settings.listen)
+            if self._settings.routing_hops > 1:  # behind the --processes proxy, which binds (processes.py)
+                frontend.connect(self._settings.listen)
+            else:
+                frontend.bind(self._settings.listen)
             self.endpoint = frontend.getsockopt_string(zmq.LAST_ENDPOINT)
             workers.setsockopt(zmq.ROUTER_MANDATORY, 1)
             workers.setsockopt(zmq.SNDHWM, 0)
@@ -213,7 +194,7 @@ class Broker:
             sockets = self._sockets = self._bind()
         except zmq.ZMQError as e:
             self.error = e
-            self._bound.set()
+            self.bound()
             return
         frontend, workers_sock, control = sockets
         watched = [*sockets, self._monitor] if self._monitor is not None else list(sockets)
@@ -224,7 +205,7 @@ class Broker:
         guests = self._guest_tasks = {loop.create_task(g.run()): g for g in self._guests}
         for task in guests:
             task.add_done_callback(self._guest_ended)
-        self._bound.set()
+        self.bound()
         log.info("broker_listening", endpoint=self.endpoint, queue_capacity=self.queue.capacity)
         for fd in fds:
             loop.add_reader(fd, self._on_event)

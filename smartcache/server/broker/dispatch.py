@@ -45,7 +45,7 @@ class Dispatcher:
         queue: PriorityQueue,
         replies: Replies,
         enqueue_internal: Callable[[bytes, bytes, float], None],
-        bad_input_allowed: Callable[[bytes, float], bool],
+        bad_input_allowed: Callable[[list[bytes], float], bool],
         metrics: Metrics,
     ) -> None:
         """enqueue_internal: where a worker's internal messages go (the intake's door); bad_input_allowed:
@@ -98,7 +98,7 @@ class Dispatcher:
                 replies.reply(h, items[i + 2], items[i + 3], now)
             elif kind == inproc.FAIL:
                 error = items[i + 2].decode()
-                if error in _BAD_INPUT and h.envelope and not self._bad_input_allowed(h.envelope[0], now):
+                if error in _BAD_INPUT and h.envelope and not self._bad_input_allowed(h.envelope, now):
                     continue  # beyond the bad-input rate: no answer (counted as throttled)
                 replies.refuse(h, error, items[i + 3].decode(), None, cache=False)
             elif kind == inproc.DONE:

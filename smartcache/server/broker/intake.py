@@ -96,13 +96,20 @@ class Intake:
         self._queue = queue
         self._replies = replies
         self._seq = itertools.count(1)
+        self._hops = settings.routing_hops
 
     def accept(self, frames: list[bytes], now: float, user_id: str | None = None) -> None:
-        """One message as the client ROUTER received it: ``[identity, (empty delimiter), header, body]``.
+        """One message as the client ROUTER received it: ``[identity, (empty delimiter), header, body]``;
+        behind the ``--processes`` proxy (``routing_hops`` 2) the proxy's hop comes first:
+        ``[hop, identity, (empty delimiter), header, body]``.
 
         user_id: the client's CURVE public key (z85), as the ZAP handler reported it.
         """
-        split = 2 if len(frames) > 2 and frames[1] == b"" else 1
+        hops = self._hops
+        if len(frames) < hops:  # only a broken proxy sends less than its own routing frames: no one to answer
+            self._metrics.bad_input.labels(label("BAD_FRAMES")).inc()
+            return
+        split = hops + 1 if len(frames) > hops + 1 and frames[hops] == b"" else hops
         envelope, payload = frames[:split], frames[split:]
         if len(payload) != 2:
             first = payload[0] if payload else b""
@@ -191,17 +198,18 @@ class Intake:
         if victim is not None:
             self._replies.refuse(victim, "QUEUE_FULL", "evicted by a more urgent message", "evicted")
 
-    def allow_bad_input(self, peer: bytes, now: float) -> bool:
+    def allow_bad_input(self, envelope: list[bytes], now: float) -> bool:
         """Whether one more answer to bad input from this connection fits the rate (PROTOCOL.md 4); the
         ones that do not are counted, and their sender gets no answer. Bad bodies found by a worker
-        (dispatch) go by the same rate as the ones found here."""
-        if self._bad_input_limit.allow(peer, now):
+        (dispatch) go by the same rate as the ones found here. The connection is the client's identity,
+        the last routing frame (not the proxy's hop, which every client behind it shares)."""
+        if self._bad_input_limit.allow(envelope[self._hops - 1], now):
             return True
         self._metrics.bad_input_throttled.inc()
         return False
 
     def _bad_input(self, envelope: list[bytes], header_frame: bytes, error: str, message: str, now: float) -> None:
         self._metrics.bad_input.labels(label(error)).inc()
-        if not self.allow_bad_input(envelope[0], now):
+        if not self.allow_bad_input(envelope, now):
             return
         self._replies.error(envelope, loose_header(header_frame), error, message, frame_no_reply(header_frame))

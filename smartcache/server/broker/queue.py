@@ -35,7 +35,7 @@ class Holder:
     type_id: int
     arrived: float  # monotonic seconds
     deadline: float  # monotonic seconds
-    envelope: list[bytes]  # ROUTER identity (+ empty delimiter for REQ clients)
+    envelope: list[bytes]  # ROUTER identity, after the proxy hop behind --processes (+ empty delimiter for REQ)
     header: bytes
     body: bytes
     no_reply: bool

@@ -1,0 +1,550 @@
+"""``smartcache --processes N``: N service processes behind one endpoint, more than one core per host.
+
+One service process uses about one core (its broker loop holds the GIL). The parent binds the public
+endpoint (``SMARTCACHE_LISTEN``) with a ROUTER and runs ``zmq.proxy`` between it and a DEALER in C, in
+a thread that holds no GIL; the DEALER is bound on an ``ipc://`` path in a private directory (mode
+0700, removed at exit), and each child's ROUTER connects to it. The children are the normal service
+(:class:`~smartcache.server.app.Service`), each a fresh ``python -m smartcache.server`` (never a fork
+of a running ZeroMQ context), started with the parent's settings except: the proxy's ipc endpoint
+(connected to, not bound), ``SMARTCACHE_ROUTING_HOPS=2`` (a message reaches it as ``[hop, client,
+(empty), header, body]``, and intake keys everything on the client's frame), metrics on 127.0.0.1 on
+a free port, the events publisher in process 0 only (one PUB port per host), and an explicit
+``SMARTCACHE_INSTANCE_ID`` with ``-p<index>`` added (prewarm lease owners stay apart).
+
+The DEALER hands messages round-robin to the children that are connected; each answers its own,
+through the proxy, exactly as a single process does. The parent binds rather than connects because
+of what ZeroMQ does when a child's connection ends. On a bound socket the pipe to that child goes
+with its connection: no request is handed to a child that died once the kernel has closed its socket
+(what was handed to it in the moment it died, until its last thread ended, is lost with what it was
+executing), and the answers the pipe holds are still read (the DEALER's LINGER is above 0). A
+connecting DEALER does worse either way: with ``IMMEDIATE`` it drops the answers of a child that
+closed its socket before the proxy read them (one stop in four under load), and without it keeps
+handing requests to a dead child's pipe until the restart, where they are dropped.
+
+CURVE is refused with ``--processes`` above 1 (config.py): a proxy in C cannot carry each client's
+key, which decides what it may send (security.py), to the child, and a Python proxy would cost the
+core we came for.
+
+A child that dies is logged (``process_died``) and started again after a delay that doubles from
+``RESTART_DELAY_S`` to ``MAX_RESTART_DELAY_S`` while it keeps dying young (up for less than
+``STABLE_AFTER_S``); the others keep serving meanwhile. Restarting rather than stopping the parent:
+one bad process must not take the host's endpoint down. Children get ``PR_SET_PDEATHSIG`` (SIGTERM):
+a parent killed by -9 leaves none behind. The kernel sends it when the *thread* that forked the
+child ends, so every child is started from the main thread.
+
+Stop (SIGTERM, SIGINT), in this order: every child gets SIGTERM and drains as one process does; the
+parent waits for them up to their drain timeout and a margin (then SIGKILL, logged); then the proxy
+stops once its counters (``STATISTICS``) show every answer the children sent forwarded to its client
+(its frontend lingers to flush them); the directory goes; the HTTP server last.
+
+The parent's metrics port serves the union of the children's ``/metrics`` (metrics_union.py) and
+``/health/live``, ``/health/ready`` (ready when every child is, with each one's answer).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.metrics_core import Metric
+
+from smartcache import __version__
+from smartcache.server.broker.broker import FLUSH_LINGER_MS, FRONTEND_RCVHWM, FRONTEND_SNDHWM, OVERSIZE_MARGIN_BYTES
+from smartcache.server.config import PREFIX, Settings
+from smartcache.server.deadlines import JOIN_MARGIN_S
+from smartcache.server.metrics import PREFIX as METRICS_PREFIX
+from smartcache.server.metrics import probe_answer, serve_http
+from smartcache.server.metrics_union import PROCESS_LABEL, exposition, union
+from smartcache.server.parsers import SettingsError, zmq_endpoint
+from smartcache.server.socketthread import SocketThread
+
+log = structlog.get_logger("processes")
+
+#: a child that has not announced itself (bound, metrics served) by then fails the start
+CHILD_START_TIMEOUT_S = 60.0
+RESTART_DELAY_S = 0.5
+MAX_RESTART_DELAY_S = 10.0
+#: a child up this long before it died is restarted after RESTART_DELAY_S again
+STABLE_AFTER_S = 30.0
+#: beyond the children's own drain timeout and join margin, before they are killed at a stop
+STOP_MARGIN_S = 5.0
+SUPERVISE_EVERY_S = 0.2
+#: one scrape or probe of a child
+CHILD_HTTP_TIMEOUT_S = 2.0
+#: the routing frames a child sees: the proxy's hop, then the client's identity
+CHILD_ROUTING_HOPS = 2
+#: requests queued in the parent for one child before the round-robin passes it by (bounded memory)
+BACKEND_SNDHWM = 16
+#: how long a word to the proxy's control socket waits for its answer
+CONTROL_ANSWER_MS = 2000
+#: at a stop, the proxy's counters unchanged this long with every answer forwarded: it is settled
+SETTLED_FOR_S = 0.3
+SETTLE_POLL_S = 0.05
+SETTLE_TIMEOUT_S = 5.0
+#: zmq.proxy_steerable's STATISTICS: (frontend, backend) x (messages in, bytes in, messages out, bytes out)
+STAT_FRONTEND_MSG_OUT = 2
+STAT_BACKEND_MSG_IN = 4
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls it
+
+
+class StartError(Exception):
+    """A child did not start, or the endpoint could not be bound; the message says which."""
+
+
+@dataclass
+class Child:
+    """One service process: where it listens, its process and how it announced itself."""
+
+    index: int
+    announce: Path
+    proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+    started_at: float = 0.0
+    restarts: int = 0
+    delay_s: float = RESTART_DELAY_S
+    restart_at: float | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def announced(self) -> bool:
+        """Whether it is up: bound, with its metrics port written to its announce file."""
+        if self.metrics_port:
+            return True
+        if self.proc is None or not self.announce.exists():
+            return False
+        doc = json.loads(self.announce.read_text())
+        if doc.get("pid") != self.proc.pid:  # the last one's, before a restart removed it
+            return False
+        self.metrics_port = int(doc["metrics_port"])
+        return True
+
+    def get(self, path: str, token: str = "") -> tuple[int, bytes]:
+        """GET one path of its HTTP server: (status, body); (0, b"") when it does not answer."""
+        if not self.metrics_port:
+            return 0, b""
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=CHILD_HTTP_TIMEOUT_S)
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+            response = conn.getresponse()
+            return response.status, response.read()
+        except OSError:
+            return 0, b""
+        finally:
+            conn.close()
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """preexec_fn: SIGTERM when the parent dies, and at once if it died already (between fork and here)."""
+
+    def preexec() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+class Proxy(SocketThread):
+    """The proxy thread: the DEALER the children connect to, the public ROUTER, ``zmq.proxy_steerable`` between.
+
+    ``begin`` binds the DEALER (the children connect to it as they start); ``open`` binds the public
+    endpoint once they are up; ``drain_and_stop`` ends it after every answer the children sent is out.
+    """
+
+    def __init__(self, *, context: zmq.Context[Any], listen: str, backend: str, max_body_bytes: int) -> None:
+        super().__init__(context=context, name="proxy", run=self._run)
+        self._listen = listen
+        self._backend = backend
+        self._max_msg_bytes = max_body_bytes + OVERSIZE_MARGIN_BYTES
+        self._backend_bound = threading.Event()
+        self._open = threading.Event()
+        self._abandon = False
+        #: the one socket that talks to the proxy's control PAIR: a PAIR takes one peer, and a second one
+        #: connected before the first one's pipe is gone is refused, its words lost (seen: TERMINATE)
+        self._client: zmq.Socket[Any] | None = None
+        self._client_lock = threading.Lock()
+        self.endpoint = ""
+
+    def begin(self) -> None:
+        """Start the thread and wait until the children's endpoint is bound (raises if it could not be)."""
+        self._thread.start()
+        self._backend_bound.wait()
+        if self.error is not None:
+            raise self.error
+
+    def open(self) -> None:
+        """Bind the public endpoint and start proxying (raises if it could not be bound)."""
+        self._open.set()
+        self._bound.wait()
+        if self.error is not None:
+            raise self.error
+
+    def start(self) -> None:
+        self.begin()
+        self.open()
+
+    def stop(self) -> None:
+        """End the proxy now (safe from any thread); before ``open``, end the thread that waits for it."""
+        if not self._open.is_set():
+            self._abandon = True
+            self._open.set()
+            return
+        if self._bound.is_set() and self.error is None:
+            try:
+                self._ask(b"TERMINATE")
+            except TimeoutError as e:  # the context's end stops it (proxy_crashed)
+                log.error("proxy_not_stopped", error=str(e))  # noqa: TRY400 - the message says it all
+        if self._client is not None:
+            self._client.close(linger=CONTROL_ANSWER_MS)
+
+    def statistics(self) -> tuple[int, ...]:
+        """The proxy's counters: frontend and backend messages and bytes in and out (eight numbers)."""
+        return tuple(int.from_bytes(f, sys.byteorder) for f in self._ask(b"STATISTICS", answer=True))
+
+    def _ask(self, word: bytes, *, answer: bool = False) -> list[bytes]:
+        """One word to the proxy; its answer when there is one. TimeoutError when it does not take it."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._ctx.socket(zmq.PAIR)
+                self._client.setsockopt(zmq.SNDTIMEO, CONTROL_ANSWER_MS)
+                self._client.connect(self._control_endpoint)
+            try:
+                self._client.send(word)
+            except zmq.Again as e:
+                raise TimeoutError(f"the proxy did not take {word.decode()} in {CONTROL_ANSWER_MS} ms") from e
+            if not answer:
+                return []
+            if not self._client.poll(CONTROL_ANSWER_MS):
+                raise TimeoutError(f"the proxy did not answer {word.decode()} in {CONTROL_ANSWER_MS} ms")
+            return self._client.recv_multipart()
+
+    def drain_and_stop(self, timeout_s: float) -> bool:
+        """After the children stopped: wait until every answer they sent is forwarded, then stop.
+
+        Settled when the messages the backend received equal those the frontend sent, unchanged for
+        ``SETTLED_FOR_S`` (what a child wrote before it exited may still be on its way through the
+        socket). False when that did not happen within timeout_s (stopped anyway).
+        """
+        deadline = time.monotonic() + timeout_s
+        settled = False
+        last: tuple[int, int] | None = None
+        since = time.monotonic()
+        while self.is_alive() and self._bound.is_set() and self.error is None:
+            try:
+                stats = self.statistics()
+            except TimeoutError as e:
+                log.error("proxy_not_settled", error=str(e))  # noqa: TRY400 - the message says it all
+                break
+            now = (stats[STAT_BACKEND_MSG_IN], stats[STAT_FRONTEND_MSG_OUT])
+            if now != last or now[0] != now[1]:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= SETTLED_FOR_S:
+                settled = True
+                break
+            if time.monotonic() > deadline:
+                log.error("proxy_not_settled", answers_in=now[0], answers_out=now[1])
+                break
+            time.sleep(SETTLE_POLL_S)
+        self.stop()
+        return settled
+
+    def _run(self) -> None:
+        ctx = self._ctx
+        frontend, backend, control = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER), ctx.socket(zmq.PAIR)
+        sockets = (frontend, backend, control)
+        try:
+            # The parent binds, the children connect: a bound socket has a pipe to a child only while that
+            # child is connected (a dead one gets no more requests once its connection closes), and a pipe
+            # whose child went away still hands over the answers it holds (LINGER above 0 on the DEALER).
+            backend.setsockopt(zmq.RCVHWM, 0)  # answers are never dropped between a child and the proxy
+            backend.setsockopt(zmq.SNDHWM, BACKEND_SNDHWM)
+            backend.setsockopt(zmq.LINGER, FLUSH_LINGER_MS)
+            control.bind(self._control_endpoint)
+            backend.bind(self._backend)
+        except zmq.ZMQError as e:
+            for sock in sockets:
+                sock.close(linger=0)
+            self.error = e
+            self._backend_bound.set()
+            return
+        self._backend_bound.set()
+        self._open.wait()
+        try:
+            if self._abandon:
+                raise zmq.ZMQError(zmq.ETERM, "stopped before it was opened")
+            # As the single process's client socket (broker.py), but never ROUTER_MANDATORY: an answer to a
+            # client gone must not stop the proxy; it is dropped.
+            frontend.setsockopt(zmq.SNDHWM, FRONTEND_SNDHWM)
+            frontend.setsockopt(zmq.RCVHWM, FRONTEND_RCVHWM)
+            frontend.setsockopt(zmq.MAXMSGSIZE, self._max_msg_bytes)
+            frontend.setsockopt(zmq.LINGER, FLUSH_LINGER_MS)
+            frontend.bind(self._listen)
+            self.endpoint = frontend.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as e:
+            for sock in sockets:
+                sock.close(linger=0)
+            self.error = e
+            self.bound()
+            return
+        self.bound()
+        log.info("proxy_listening", endpoint=self.endpoint, backend=self._backend)
+        try:
+            zmq.proxy_steerable(frontend, backend, None, control)
+        except zmq.ZMQError as e:
+            log.error("proxy_crashed", error=str(e))  # noqa: TRY400 - the message says it all
+        finally:
+            control.close(linger=0)
+            backend.close()
+            frontend.close()  # lingers FLUSH_LINGER_MS: the last answers leave
+            log.info("proxy_stopped")
+
+
+class Processes:
+    """The parent: children, proxy, one metrics and health view. ``start``, ``supervise``, ``stop``."""
+
+    def __init__(self, *, settings: Settings, env: Mapping[str, str]) -> None:
+        """env: the environment the parent was started with; children get it with their own changes."""
+        self.settings = settings
+        self._env = dict(env)
+        self.dir = Path(tempfile.mkdtemp(prefix="smartcache-processes-"))  # mode 0700
+        #: where the proxy's DEALER listens and every child connects
+        self.backend = zmq_endpoint(f"ipc://{self.dir}/proxy.sock")
+        self.children = [Child(index=i, announce=self.dir / f"{i}.json") for i in range(settings.processes)]
+        self.context: zmq.Context[Any] = zmq.Context()
+        self.proxy = Proxy(
+            context=self.context,
+            listen=settings.listen,
+            backend=self.backend,
+            max_body_bytes=settings.max_body_bytes,
+        )
+        self.stopping = False
+        self._http: ThreadingWSGIServer | None = None
+        self.metrics_port = 0
+        r = self.registry = CollectorRegistry()
+        p = METRICS_PREFIX
+        Gauge(f"{p}_processes", "Service processes behind the endpoint (--processes).", registry=r).set(
+            settings.processes
+        )
+        self._up = Gauge(
+            f"{p}_process_up", "1 when the process answered this scrape, by process.", [PROCESS_LABEL], registry=r
+        )
+        self._restarts = Counter(
+            f"{p}_process_restarts_total", "Processes started again after they died.", [PROCESS_LABEL], registry=r
+        )
+        for c in self.children:
+            self._restarts.labels(str(c.index))
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """The children's endpoint, the children (each connected and announced), the public one, HTTP."""
+        s = self.settings
+        try:
+            self.proxy.begin()
+        except zmq.ZMQError as e:
+            raise StartError(f"the processes' endpoint {self.backend}: {e.strerror}") from e
+        for c in self.children:
+            self._spawn(c)
+        deadline = time.monotonic() + CHILD_START_TIMEOUT_S
+        for c in self.children:
+            while not c.announced():
+                if not c.alive():
+                    code = c.proc.returncode if c.proc is not None else None
+                    raise StartError(f"process {c.index} exited with {code} before it started (its log says why)")
+                if time.monotonic() > deadline:
+                    raise StartError(f"process {c.index} did not start within {CHILD_START_TIMEOUT_S:g} s")
+                time.sleep(0.02)
+        try:
+            self.proxy.open()
+        except zmq.ZMQError as e:
+            raise StartError(f"{PREFIX}LISTEN={s.listen}: {e.strerror}") from e
+        try:
+            self._http = serve_http(
+                s.metrics_addr,
+                s.metrics_port,
+                metrics_app=self._metrics_app,
+                probes={"/health/live": self.live, "/health/ready": self.ready},
+                token=s.metrics_token,
+            )
+        except OSError as e:
+            where = f"{PREFIX}METRICS_ADDR={s.metrics_addr} {PREFIX}METRICS_PORT={s.metrics_port}"
+            raise StartError(f"{where}: {e.strerror or e}") from e
+        self.metrics_port = int(self._http.server_port)
+        log.info(
+            "processes_started",
+            version=__version__,
+            endpoint=self.proxy.endpoint,
+            metrics_port=self.metrics_port,
+            processes={str(c.index): c.proc.pid for c in self.children if c.proc is not None},
+        )
+
+    def supervise(self) -> None:
+        """One pass (main thread only: see PR_SET_PDEATHSIG above): log the dead, start them again when due."""
+        now = time.monotonic()
+        for c in self.children:
+            if c.restart_at is None and c.proc is not None and c.proc.poll() is not None:
+                up_s = now - c.started_at
+                if up_s >= STABLE_AFTER_S:
+                    c.delay_s = RESTART_DELAY_S
+                c.restart_at = now + c.delay_s
+                log.error(
+                    "process_died",
+                    process=c.index,
+                    pid=c.proc.pid,
+                    returncode=c.proc.returncode,
+                    up_s=round(up_s, 3),
+                    restart_in_s=c.delay_s,
+                )
+                c.delay_s = min(c.delay_s * 2, MAX_RESTART_DELAY_S)
+            if c.restart_at is not None and now >= c.restart_at:
+                c.restart_at = None
+                c.restarts += 1
+                self._restarts.labels(str(c.index)).inc()
+                self._spawn(c)
+                log.info("process_restarted", process=c.index, pid=c.proc.pid if c.proc else None)
+            else:
+                c.announced()  # a restarted one's metrics port, once it is up
+
+    def signal_all(self, sig: int) -> None:
+        """Send a signal to every child that runs, by its PID."""
+        for c in self.children:
+            if c.alive() and c.proc is not None:
+                c.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        """Drain the children, then the proxy (deliberate order: their last answers pass through it)."""
+        self.stopping = True
+        self.signal_all(signal.SIGTERM)  # 1. each child drains: what it holds is answered
+        deadline = time.monotonic() + self.settings.drain_timeout_s + 2 * JOIN_MARGIN_S + STOP_MARGIN_S
+        for c in self.children:
+            if c.proc is None:
+                continue
+            try:
+                c.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("process_killed", process=c.index, pid=c.proc.pid, reason="did not stop in time")  # noqa: TRY400 - a timeout, no traceback to show
+                c.proc.kill()
+                c.proc.wait()
+        if self.proxy.is_alive():  # 2. the proxy, once their last answers are through; its frontend lingers
+            self.proxy.drain_and_stop(SETTLE_TIMEOUT_S)
+            self.proxy.join(FLUSH_LINGER_MS / 1000 + JOIN_MARGIN_S)
+        self.context.term()
+        shutil.rmtree(self.dir, ignore_errors=True)  # 3. the ipc sockets and announce files
+        if self._http is not None:  # 4. probes and scrapes last: they report the stop until the end
+            self._http.shutdown()
+            self._http.server_close()
+        log.info("processes_stopped")
+
+    def _spawn(self, c: Child) -> None:
+        c.announce.unlink(missing_ok=True)
+        c.metrics_port = 0
+        c.started_at = time.monotonic()
+        c.proc = subprocess.Popen(
+            [sys.executable, "-m", "smartcache.server", "--process-index", str(c.index), "--announce", str(c.announce)],
+            env=child_env(self._env, self.settings, c.index, self.backend),
+            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - one ctypes call and getppid, no locks
+            process_group=0,  # a Ctrl-C reaches the parent only, which stops the children in order
+        )
+
+    # -- the one view of the host ---------------------------------------------
+
+    def live(self) -> tuple[int, bytes]:
+        """/health/live: the proxy runs (a child that died is restarted already; each one's answer is shown)."""
+        return probe_answer({"proxy": self.proxy.is_alive()}, detail=self._probe_children("/health/live"))
+
+    def ready(self) -> tuple[int, bytes]:
+        """/health/ready: the proxy runs, the parent is not stopping, and every child is ready."""
+        detail = self._probe_children("/health/ready")
+        checks = {"proxy": self.proxy.is_alive(), "accepting": not self.stopping}
+        checks.update({f"process_{i}": d.get("status") == "pass" for i, d in detail.items()})
+        return probe_answer(checks, detail=detail)
+
+    def _probe_children(self, path: str) -> dict[str, Any]:
+        detail: dict[str, Any] = {}
+        for c in self.children:
+            _, body = c.get(path)
+            doc = json.loads(body) if body else {"status": "fail", "failing": ["not answering"]}
+            doc["pid"] = c.proc.pid if c.proc is not None else None
+            detail[str(c.index)] = doc
+        return detail
+
+    def _metrics_app(self, _environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        body = exposition(self._families())
+        start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
+        return [body]
+
+    def _families(self) -> Iterator[Metric]:
+        texts: dict[str, str] = {}
+        for c in self.children:
+            status, body = c.get("/metrics", self.settings.metrics_token)
+            up = status == 200
+            self._up.labels(str(c.index)).set(1 if up else 0)
+            if up:
+                texts[str(c.index)] = body.decode()
+        yield from union(texts)
+        yield from self.registry.collect()
+
+
+def child_env(env: Mapping[str, str], settings: Settings, index: int, endpoint: str) -> dict[str, str]:
+    """A child's environment: the parent's, with its own endpoint, hops, metrics port and publisher."""
+    out = dict(env)
+    out.update(
+        {
+            f"{PREFIX}LISTEN": endpoint,
+            f"{PREFIX}ROUTING_HOPS": str(CHILD_ROUTING_HOPS),
+            f"{PREFIX}PROCESSES": "1",
+            f"{PREFIX}METRICS_ADDR": "127.0.0.1",
+            f"{PREFIX}METRICS_PORT": "0",
+        }
+    )
+    if index > 0:
+        out[f"{PREFIX}EVENTS_LISTEN"] = "none"  # one PUB port per host: process 0's
+    if env.get(f"{PREFIX}INSTANCE_ID", "").strip():
+        out[f"{PREFIX}INSTANCE_ID"] = f"{settings.instance_id}-p{index}"
+    return out
+
+
+def run(settings: Settings, env: Mapping[str, str], *, stop: threading.Event, reload: threading.Event) -> int:
+    """The parent in the foreground until stop is set: 0 after a stop, 1 when it cannot start or the proxy dies."""
+    try:
+        parent = Processes(settings=settings, env=env)
+    except (SettingsError, OSError) as e:  # the private directory: not made, or its ipc paths too long
+        log.error("start_failed", error=str(e))  # noqa: TRY400 - the message says it all
+        return 1
+    try:
+        parent.start()
+    except (StartError, OSError) as e:
+        log.error("start_failed", error=str(e))  # noqa: TRY400 - the message says it all
+        parent.stop()
+        return 1
+    while not stop.wait(SUPERVISE_EVERY_S):
+        if reload.is_set():
+            reload.clear()
+            parent.signal_all(signal.SIGHUP)
+        parent.supervise()
+        if not parent.proxy.is_alive():
+            log.error("proxy_died")
+            parent.stop()
+            return 1
+    log.info("stop_requested")
+    parent.stop()
+    return 0
