@@ -91,7 +91,7 @@ class Console:
         self.storage = Part(
             name="storage",
             fetch=lambda: cluster.status(s.access),
-            every_s=s.poll_s,
+            every_s=s.storage_poll_s,
             timeout_s=storage_wait_s,
             executor=self.pool,
             on_answer=self._on_status,

@@ -110,6 +110,7 @@ class Seen:
     def __init__(self) -> None:
         self.started_at = time.monotonic()
         self.last: dict[str, float] = {}
+        self.names: dict[str, str] = {}  # the name an instance answered with, kept for when it does not
 
     def note(self, tree: Any) -> Any:
         """Walk an answer: every dict with ``reachable`` is noted, and given ``no_answer_for_s`` when false."""
@@ -122,7 +123,11 @@ class Seen:
             if "reachable" in tree and isinstance(key, str):
                 if tree["reachable"]:
                     self.last[key] = now
+                    if isinstance(tree.get("name"), str):
+                        self.names[key] = tree["name"]
                 else:
+                    if key in self.names:
+                        tree.setdefault("name", self.names[key])
                     tree["no_answer_for_s"] = round(now - self.last.get(key, self.started_at), 1)
             for value in tree.values():
                 if isinstance(value, dict | list):

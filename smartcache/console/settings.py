@@ -37,8 +37,10 @@ CONSOLE_PORT = 9110
 LISTEN_VARIABLE = "SMARTCACHE_CONSOLE_LISTEN"
 SERVICES_VARIABLE = "SMARTCACHE_CONSOLE_SERVICES"
 TOKEN_VARIABLES = ("SMARTCACHE_CONSOLE_TOKEN", "SMARTCACHE_METRICS_TOKEN")
-#: how often the page's parts are asked, and how long one answer is waited for
+#: how often the page's parts are asked (the storage cluster twice as often: a new leader shows within a
+#: second of its election, the page's own poll included), and how long one answer is waited for
 POLL_S = 1.0
+STORAGE_POLL_S = 0.5
 ANSWER_TIMEOUT_S = 2.0
 #: how often each service's /metrics is scraped, and how far back the rates go
 SCRAPE_S = 3.0
@@ -70,6 +72,7 @@ class Settings:
     metrics_token: str = field(default="", repr=False)
     production: bool = False
     poll_s: float = POLL_S
+    storage_poll_s: float = STORAGE_POLL_S
     answer_timeout_s: float = ANSWER_TIMEOUT_S
     scrape_s: float = SCRAPE_S
     window_s: float = WINDOW_S

@@ -303,6 +303,7 @@ function askRejoin(i) {
 // -- the loop -----------------------------------------------------------------------------
 
 async function tick() {
+  const started = Date.now();
   const problems = [];
   try {
     const [st, sv, ev, lc] = await Promise.all([getJSON("/api/status"), getJSON("/api/services"),
@@ -316,7 +317,7 @@ async function tick() {
     problems.push(`console: no answer (${e})`);
   }
   $("problems").replaceChildren(...problems.map((p) => el("li", { class: "problem" }, p)));
-  setTimeout(tick, POLL_MS);
+  setTimeout(tick, Math.max(50, POLL_MS - (Date.now() - started)));  // one poll a second, start to start
 }
 
 async function ratesTick() {
