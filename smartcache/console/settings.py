@@ -24,6 +24,7 @@ from smartcache.cli import etcd
 from smartcache.cli.cluster import Access
 from smartcache.wire.ports import (
     CLUSTER_VARIABLE,
+    CONSOLE_PORT,
     METRICS_PORT,
     default_endpoint,
     default_etcd,
@@ -32,8 +33,6 @@ from smartcache.wire.ports import (
     port_offset,
 )
 
-#: the console's own HTTP port (+ SMARTCACHE_PORT_OFFSET)
-CONSOLE_PORT = 9110
 LISTEN_VARIABLE = "SMARTCACHE_CONSOLE_LISTEN"
 SERVICES_VARIABLE = "SMARTCACHE_CONSOLE_SERVICES"
 TOKEN_VARIABLES = ("SMARTCACHE_CONSOLE_TOKEN", "SMARTCACHE_METRICS_TOKEN")
