@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 
-.PHONY: help run test lint fmt bench bench-resharding fuzz clean reset-data sysdeps venv lua-test docker-test test-faults
+.PHONY: help run test lint fmt bench bench-resharding fuzz clean reset-data sysdeps venv lua-test docker-test test-faults console-assets
 .DEFAULT_GOAL := help
 
 help:  ## list the targets (this text)
@@ -15,9 +15,11 @@ help:  ## list the targets (this text)
 # apt waits for another apt (a second make in another shell) instead of failing at once
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
 
-sysdeps:  ## Debian packages: tarantool, etcd-server, lua-check, faketime (clock tests), python venv support
+sysdeps:  ## Debian packages: tarantool, etcd-server, lua-check, faketime (clock tests), chromium + chromium-driver (the console's browser tests), python venv support
 	@missing=""; \
 	command -v tarantool >/dev/null || missing="$$missing tarantool"; \
+	command -v chromium  >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	command -v luacheck  >/dev/null || missing="$$missing lua-check"; \
 	command -v etcd      >/dev/null || missing="$$missing etcd-server"; \
 	command -v faketime  >/dev/null || missing="$$missing faketime"; \
@@ -34,7 +36,27 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
-venv: sysdeps $(STAMP)  ## create .venv with the pinned Python packages (again when pyproject.toml or constraints.txt change)
+venv: sysdeps $(STAMP) console-assets  ## create .venv with the pinned Python packages (again when pyproject.toml or constraints.txt change), and the console's uPlot
+
+# The console's charting library: uPlot from registry.npmjs.org, one pinned version, checked against the
+# registry's sha512 integrity before it is unpacked into a git-ignored vendor dir (no node, no npm needed).
+UPLOT_VERSION   := 1.6.32
+UPLOT_INTEGRITY := sha512-KIMVnG68zvu5XXUbC4LQEPnhwOxBuLyW1AHtpm6IKTXImkbLgkMy+jabjLgSLMasNuGGzQm/ep3tOkyTxpiQIw==
+UPLOT_DIR       := smartcache/console/static/vendor/uplot
+UPLOT_STAMP     := $(UPLOT_DIR)/.version-$(UPLOT_VERSION)
+
+console-assets: $(UPLOT_STAMP)  ## the console's uPlot (pinned, sha512-checked) from registry.npmjs.org into smartcache/console/static/vendor
+
+$(UPLOT_STAMP):
+	@rm -rf $(UPLOT_DIR) && mkdir -p $(UPLOT_DIR)
+	@echo "fetching uPlot $(UPLOT_VERSION) from registry.npmjs.org"
+	@curl -fsSL --retry 3 -o $(UPLOT_DIR)/uplot.tgz https://registry.npmjs.org/uplot/-/uplot-$(UPLOT_VERSION).tgz
+	@got="sha512-$$(openssl dgst -sha512 -binary $(UPLOT_DIR)/uplot.tgz | base64 -w0)"; \
+	if [ "$$got" != "$(UPLOT_INTEGRITY)" ]; then \
+		echo "uPlot $(UPLOT_VERSION): integrity $$got, expected $(UPLOT_INTEGRITY): refused"; rm -rf $(UPLOT_DIR); exit 1; fi
+	@tar -xzf $(UPLOT_DIR)/uplot.tgz -C $(UPLOT_DIR) --strip-components=2 package/dist/uPlot.iife.min.js package/dist/uPlot.min.css
+	@tar -xzOf $(UPLOT_DIR)/uplot.tgz package/LICENSE > $(UPLOT_DIR)/LICENSE
+	@rm $(UPLOT_DIR)/uplot.tgz && touch $@
 
 run: venv  ## start etcd, three Tarantool instances (one elected leader), the service and the simulated backend; Ctrl-C stops all
 	$(PY) -m devtools.devstack

@@ -72,6 +72,7 @@ DEFAULT_PORTS = {
     **{f"ETCD_PEER_PORT_{i}": p for i, p in enumerate(ports.ETCD_PEER_PORTS, 1)},
     "BACKEND_PORT": ports.BACKEND_PORT,
     "SMARTCACHE_METRICS_PORT": ports.METRICS_PORT,
+    "SMARTCACHE_CONSOLE_PORT": ports.CONSOLE_PORT,
 }
 #: the three Tarantool instances of make run (elected: none is master by configuration)
 INSTANCES = ("tarantool-1", "tarantool-2", "tarantool-3")
@@ -484,6 +485,24 @@ def _say(tail: LogTail | None) -> Callable[[str], None]:
     return say
 
 
+def _console(plan: Plan, first: list[Tarantool], metrics_url: str) -> Child:
+    """The operator's console over the stack: read-only unless SMARTCACHE_CONSOLE_TOKEN (or _FILE) is set."""
+    return Child(
+        name="console",
+        argv=[
+            sys.executable, "-m", "smartcache.console",
+            "--listen", f"127.0.0.1:{plan.ports['SMARTCACHE_CONSOLE_PORT']}",
+            "--tarantool", ",".join(t.address for t in first),
+            "--etcd", ",".join(plan.etcd_urls),
+            "--cluster", CLUSTER,
+            "--service", f"{plan.listen}={metrics_url}",
+            "--publishers", plan.events_listen,
+        ],
+        env={},
+        log_path=plan.base / "console.log",
+    )  # fmt: skip
+
+
 def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
     from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling; devtools imports this module
 
@@ -523,11 +542,12 @@ def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
         env=service_env,
     )
     metrics_url = f"http://127.0.0.1:{p['SMARTCACHE_METRICS_PORT']}"
+    console = _console(plan, trios[plan.shard_names()[0]], metrics_url)
     tail = LogTail(sys.stdout).start() if sys.stdout.isatty() else None
     say = _say(tail)
     children: list[Child] = []
     try:
-        for child in (*etcd.members, *instances, backend, service):
+        for child in (*etcd.members, *instances, backend, service, console):
             child.start()
             children.append(child)
             if tail is not None:
@@ -542,6 +562,7 @@ def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
         backend.wait_listening(p["BACKEND_PORT"], stop=stop)
         service.wait_listening(p["SMARTCACHE_METRICS_PORT"], *filter(None, [plan.listen_port]), stop=stop)
         service.wait_until("/health/ready 200", lambda: _http_status(metrics_url + "/health/ready") == 200, stop=stop)
+        console.wait_listening(p["SMARTCACHE_CONSOLE_PORT"], stop=stop)
         etcd_leader = etcd.leader()
         banner = [
             ("service (ZeroMQ)", f"{plan.listen}  log {service.log_path}"),
@@ -563,6 +584,7 @@ def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
             ),
             ("SC_ETCD (who leads)", etcd.url),
             ("cluster", ".venv/bin/smartcache-cli cluster status"),
+            ("operator console", f"http://127.0.0.1:{p['SMARTCACHE_CONSOLE_PORT']}/  log {console.log_path}"),
             ("simulated backend", f"http://127.0.0.1:{p['BACKEND_PORT']}  log {backend.log_path}"),
             ("try", f".venv/bin/smartcache-cli --endpoint {plan.listen} ping"),
             (
@@ -583,6 +605,7 @@ def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
             supervisor.add(t, partial(_leads_or_follows, t), partial(_role_of, t), TARANTOOL_RESTART)
         supervisor.add(backend, partial(listens_on, backend, p["BACKEND_PORT"]))
         supervisor.add(service, lambda: _http_status(metrics_url + "/health/ready") == 200, lambda: "ready")
+        supervisor.add(console, partial(listens_on, console, p["SMARTCACHE_CONSOLE_PORT"]))
         return supervisor.run()
     except NotReady as e:
         if stop.is_set():

@@ -97,6 +97,12 @@ OTHER_PROGRAMS_VARIABLES = frozenset(
         "SMARTCACHE_VAR",
         "SMARTCACHE_SHARDS",  # make run: devtools/devstack.py SHARDS_VARIABLE
         "SMARTCACHE_PROTOCOL",
+        # the operator's console (smartcache/console/settings.py); make run's port for it
+        "SMARTCACHE_CONSOLE_LISTEN",
+        "SMARTCACHE_CONSOLE_SERVICES",
+        "SMARTCACHE_CONSOLE_TOKEN",
+        "SMARTCACHE_CONSOLE_TOKEN_FILE",
+        "SMARTCACHE_CONSOLE_PORT",
     }
 )
 

@@ -26,6 +26,8 @@ LISTEN_PORT = 5555
 EVENTS_PORT = 5556
 #: Prometheus metrics and /health (SMARTCACHE_METRICS_PORT)
 METRICS_PORT = 9105
+#: the operator's console, smartcache-console (--listen; make run's SMARTCACHE_CONSOLE_PORT)
+CONSOLE_PORT = 9110
 #: make run's three Tarantool instances: binary protocol, and each one's HTTP endpoint
 TARANTOOL_PORTS = (3301, 3302, 3303)
 TARANTOOL_HTTP_PORTS = (8301, 8302, 8303)

@@ -106,6 +106,7 @@ MAKE_RUN_PORTS = {
     ports.LISTEN_PORT,
     ports.EVENTS_PORT,
     ports.METRICS_PORT,
+    ports.CONSOLE_PORT,
     *ports.TARANTOOL_PORTS,
     *ports.TARANTOOL_HTTP_PORTS,
     *ports.ETCD_PORTS,

@@ -1,0 +1,18 @@
+"""The operator's console: the cluster at a glance in a browser (``smartcache-console``).
+
+``python -m smartcache.console`` runs it too.
+
+Its own small process, not a page of the service: it reads what ``smartcache-cli``
+reads (etcd, every Tarantool instance, every service instance's INFO and
+``/metrics``), so it must not live inside one service instance whose failure
+would blank the page; it runs beside the cluster with the operator's
+credentials. It imports the CLI, the client and the wire, never the server
+(an import-linter contract in pyproject.toml).
+
+* ``settings``: the command line and the environment, the token, production's refusal;
+* ``parts``: one poller per part (the storage cluster, each service's INFO), blocking calls in
+  an executor with a bounded wait, so one part that does not answer degrades only itself;
+* ``rates``: each service's ``/metrics`` scraped into a bounded ring, the derived series;
+* ``lookups``: sessions (metadata, data masked) and the event tail;
+* ``app``: the aiohttp routes, the token check of the actions, the static page.
+"""

@@ -1,0 +1,193 @@
+"""The console's settings: the command line first, then the environment, read once at start-up.
+
+The operator token guards the actions (switchover, rejoin) and the reveal of
+session data: ``SMARTCACHE_CONSOLE_TOKEN``, or the content of the file
+``SMARTCACHE_CONSOLE_TOKEN_FILE`` names (a secrets file), or else the
+service's ``SMARTCACHE_METRICS_TOKEN`` (or ``_FILE``). Without one the
+console is read-only; in production (``SMARTCACHE_ENV=production``, the
+service's variable) it refuses to start (exit 2).
+
+Tarantool is asked as the operator user, like ``smartcache-cli cluster``:
+``SMARTCACHE_OPERATOR_USER`` (default operator) and
+``SMARTCACHE_OPERATOR_PASSWORD`` or ``_FILE`` (development default operator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from smartcache.cli import etcd
+from smartcache.cli.cluster import Access
+from smartcache.wire.ports import (
+    CLUSTER_VARIABLE,
+    CONSOLE_PORT,
+    METRICS_PORT,
+    default_endpoint,
+    default_etcd,
+    default_events_endpoint,
+    default_tarantool,
+    port_offset,
+)
+
+LISTEN_VARIABLE = "SMARTCACHE_CONSOLE_LISTEN"
+SERVICES_VARIABLE = "SMARTCACHE_CONSOLE_SERVICES"
+TOKEN_VARIABLES = ("SMARTCACHE_CONSOLE_TOKEN", "SMARTCACHE_METRICS_TOKEN")
+#: how often the page's parts are asked (the storage cluster twice as often: a new leader shows within a
+#: second of its election, the page's own poll included), and how long one answer is waited for
+POLL_S = 1.0
+STORAGE_POLL_S = 0.5
+ANSWER_TIMEOUT_S = 2.0
+#: how often each service's /metrics is scraped, and how far back the rates go
+SCRAPE_S = 3.0
+WINDOW_S = 15 * 60.0
+EXIT_BAD = 2
+
+
+class SettingsError(Exception):
+    """A setting the console cannot start with; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class Service:
+    """One service instance: its ZeroMQ endpoint (INFO) and its metrics and health base URL."""
+
+    name: str
+    endpoint: str
+    metrics_url: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str
+    port: int
+    access: Access = field(repr=False)
+    services: tuple[Service, ...]
+    publishers: str
+    token: str = field(default="", repr=False)
+    metrics_token: str = field(default="", repr=False)
+    production: bool = False
+    poll_s: float = POLL_S
+    storage_poll_s: float = STORAGE_POLL_S
+    answer_timeout_s: float = ANSWER_TIMEOUT_S
+    scrape_s: float = SCRAPE_S
+    window_s: float = WINDOW_S
+
+
+def _secret(env: Mapping[str, str], name: str) -> str:
+    """NAME, or the content of the file NAME_FILE names; both set is a mistake."""
+    path, value = env.get(name + "_FILE", "").strip(), env.get(name, "").strip()
+    if path and value:
+        raise SettingsError(f"{name} and {name}_FILE are both set: set one")
+    if not path:
+        return value
+    try:
+        return Path(path).read_text().strip()
+    except OSError as e:
+        raise SettingsError(f"{name}_FILE={path!r}: cannot read it ({e.strerror})") from None
+
+
+def token_of(env: Mapping[str, str]) -> str:
+    """The operator token: the console's own (or its file), else the metrics token (or its file)."""
+    for name in TOKEN_VARIABLES:
+        if token := _secret(env, name):
+            return token
+    return ""
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(f"--listen {text!r}: HOST:PORT, e.g. 127.0.0.1:{CONSOLE_PORT}")
+    return host or "127.0.0.1", int(port)
+
+
+def parse_service(text: str, n: int) -> Service:
+    """``ENDPOINT=METRICS_URL`` (tcp://127.0.0.1:5555=http://127.0.0.1:9105)."""
+    endpoint, sep, url = text.partition("=")
+    if not sep or not endpoint.strip() or not url.strip():
+        raise SettingsError(
+            f"--service {text!r}: ENDPOINT=METRICS_URL, e.g. tcp://127.0.0.1:5555=http://127.0.0.1:9105"
+        )
+    return Service(f"service-{n}", endpoint.strip(), url.strip().rstrip("/"))
+
+
+def parser() -> argparse.ArgumentParser:
+    offset = port_offset()
+    p = argparse.ArgumentParser(
+        prog="smartcache-console",
+        description="The operator's console: topology, services, rates, sessions, events and the actions "
+        "(switchover, rejoin) in a browser. Read-only without the operator token ($SMARTCACHE_CONSOLE_TOKEN or "
+        "_FILE, else $SMARTCACHE_METRICS_TOKEN); in production ($SMARTCACHE_ENV=production) it needs one.",
+    )
+    p.add_argument(
+        "--listen",
+        default=os.environ.get(LISTEN_VARIABLE) or f"127.0.0.1:{CONSOLE_PORT + offset}",
+        metavar="HOST:PORT",
+        help=f"where the page is served (default: ${LISTEN_VARIABLE}, else 127.0.0.1:{CONSOLE_PORT} + "
+        "$SMARTCACHE_PORT_OFFSET; now %(default)s)",
+    )
+    p.add_argument(
+        "--tarantool", default=default_tarantool(), metavar="HOST:PORT,...", help="every instance (%(default)s)"
+    )
+    p.add_argument("--etcd", default=default_etcd(), metavar="URL,...", help="etcd's client endpoints (%(default)s)")
+    p.add_argument("--cluster", default=os.environ.get(CLUSTER_VARIABLE) or None, metavar="NAME", help="SC_CLUSTER")
+    default_services = os.environ.get(SERVICES_VARIABLE) or (
+        f"{default_endpoint()}=http://127.0.0.1:{METRICS_PORT + offset}"
+    )
+    p.add_argument(
+        "--service",
+        action="append",
+        metavar="ENDPOINT=METRICS_URL",
+        help=f"a service instance (repeat for each; default: ${SERVICES_VARIABLE}, comma-separated, else "
+        f"{default_services})",
+    )
+    p.add_argument(
+        "--publishers",
+        default=default_events_endpoint(),
+        metavar="ENDPOINT,...",
+        help="the services' events sockets (%(default)s)",
+    )
+    p.add_argument("--scrape-s", type=float, default=SCRAPE_S, metavar="S", help="how often /metrics is scraped")
+    p.add_argument("--timeout", type=float, default=ANSWER_TIMEOUT_S, metavar="S", help="per answer waited for")
+    p.set_defaults(default_services=default_services)
+    return p
+
+
+def from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """The settings, or SettingsError naming what is wrong (production without a token included)."""
+    e = os.environ if env is None else env
+    a = parser().parse_args(argv)
+    host, port = parse_listen(a.listen)
+    texts = a.service or [s for s in a.default_services.split(",") if s.strip()]
+    services = tuple(parse_service(t, n) for n, t in enumerate(texts, 1))
+    token = token_of(e)
+    production = e.get("SMARTCACHE_ENV", "").strip() == "production"
+    if production and not token:
+        raise SettingsError(
+            "production (SMARTCACHE_ENV=production) needs the operator token: set SMARTCACHE_CONSOLE_TOKEN, "
+            "SMARTCACHE_CONSOLE_TOKEN_FILE (a secrets file) or SMARTCACHE_METRICS_TOKEN"
+        )
+    access = Access(
+        addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
+        user=e.get("SMARTCACHE_OPERATOR_USER") or "operator",
+        password=_secret(e, "SMARTCACHE_OPERATOR_PASSWORD") or "operator",
+        timeout_s=a.timeout,
+        etcd=etcd.endpoints_of(a.etcd),
+        cluster=a.cluster,
+    )
+    return Settings(
+        host=host,
+        port=port,
+        access=access,
+        services=services,
+        publishers=a.publishers,
+        token=token,
+        metrics_token=_secret(e, "SMARTCACHE_METRICS_TOKEN"),
+        production=production,
+        answer_timeout_s=a.timeout,
+        scrape_s=a.scrape_s,
+    )
