@@ -43,7 +43,7 @@ SECRETS_DIR = os.environ.get("SMARTCACHE_SECRETS_DIR", "")
 TARANTOOLS = ("tarantool-1", "tarantool-2", "tarantool-3")
 SERVICES = ("service-1", "service-2")
 ETCDS = ("etcd-1", "etcd-2", "etcd-3")
-ALL = (*ETCDS, *TARANTOOLS, *SERVICES, "backend", "prometheus")
+ALL = (*ETCDS, *TARANTOOLS, *SERVICES, "backend", "prometheus", "console")
 PREWARM_TYPES = (1, 2, 3, 4)
 HEALTHY_TIMEOUT_S = 120.0
 ALERT_TIMEOUT_S = 90.0
@@ -220,6 +220,16 @@ def get_json(url: str, token: str = "", timeout_s: float = 3.0) -> tuple[int, An
         return code, json.loads(body or b"null")
     except ValueError:
         return code, body  # /metrics: text
+
+
+def post_status(url: str, timeout_s: float = 3.0) -> int:
+    """The status of an empty JSON POST without a token."""
+    request = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json"})  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:  # noqa: S310 - our own 127.0.0.1 ports
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
 
 
 def tarantool_url(instance: str, path: str) -> str:
@@ -402,7 +412,7 @@ def test_every_container_is_healthy_and_runs_as_non_root() -> None:
         # any exit is restarted, 75 (cluster rejoin) included
         assert info["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped", s
     if SECRETS_DIR:  # no secret in `docker inspect`: only the files' paths
-        for s in (*TARANTOOLS, *SERVICES):
+        for s in (*TARANTOOLS, *SERVICES, "console"):
             env = dict(e.split("=", 1) for e in inspect(s)["Config"]["Env"])
             plain = {k: v for k, v in env.items() if k.endswith(("_PASSWORD", "_TOKEN")) and v}
             assert not plain, (s, sorted(plain))
@@ -422,6 +432,26 @@ def test_etcd_elects_one_leader_and_both_services_use_it() -> None:
         assert status_code == 200, (n, doc)
         probe = functools.partial(service_uses, n, leader)
         eventually(probe, 30, f"service-{n} sends calls to {leader}")
+
+
+def test_the_console_shows_the_leader_and_both_services() -> None:
+    """The operator's console (smartcache-console) in the stack: its status names the leader etcd elected."""
+    leader = name_of(cluster_status()["leader"])
+    url = f"http://127.0.0.1:{port('CONSOLE_PORT')}"
+
+    def shown() -> dict[str, Any] | None:
+        code, doc = get_json(f"{url}/api/status")
+        return doc if code == 200 and doc.get("leader") and all(s["ok"] for s in doc["services"]) else None
+
+    doc = eventually(shown, 60, "the console shows a leader and both services")
+    assert name_of(doc["leader"]) == leader, doc["leader"]
+    assert [s["name"] for s in doc["services"]] == ["service-1", "service-2"]
+    code, page = get_json(f"{url}/")
+    assert code == 200
+    assert b"smartcache" in page.lower()
+    # an action without the token is refused (401), whatever the stack's tokens
+    assert post_status(f"{url}/api/actions/switchover") == 401
+    say(f"console: leader {leader}")
 
 
 def test_session_lifecycle_through_both_service_instances(clients: tuple[Client, Client, Client]) -> None:

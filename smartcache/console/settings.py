@@ -36,10 +36,10 @@ from smartcache.wire.ports import (
 LISTEN_VARIABLE = "SMARTCACHE_CONSOLE_LISTEN"
 SERVICES_VARIABLE = "SMARTCACHE_CONSOLE_SERVICES"
 TOKEN_VARIABLES = ("SMARTCACHE_CONSOLE_TOKEN", "SMARTCACHE_METRICS_TOKEN")
-#: how often the page's parts are asked (the storage cluster twice as often: a new leader shows within a
-#: second of its election, the page's own poll included), and how long one answer is waited for
+#: how often the page's parts are asked (the storage cluster four times as often, and the page polls twice a
+#: second: a new leader shows within about 0.75 s of its election), and how long one answer is waited for
 POLL_S = 1.0
-STORAGE_POLL_S = 0.5
+STORAGE_POLL_S = 0.25
 ANSWER_TIMEOUT_S = 2.0
 #: how often each service's /metrics is scraped, and how far back the rates go
 SCRAPE_S = 3.0

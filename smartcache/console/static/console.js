@@ -1,9 +1,9 @@
-// smartcache console: polls the console's JSON API every second and draws the page.
+// smartcache console: polls the console's JSON API twice a second and draws the page.
 // Every value is put in the DOM with textContent (never innerHTML); the token lives in this
 // script's memory only (a password field, never an attribute, never stored).
 "use strict";
 
-const POLL_MS = 1000;
+const POLL_MS = 500;
 const RATES_MS = 3000;
 const $ = (id) => document.getElementById(id);
 
@@ -317,7 +317,7 @@ async function tick() {
     problems.push(`console: no answer (${e})`);
   }
   $("problems").replaceChildren(...problems.map((p) => el("li", { class: "problem" }, p)));
-  setTimeout(tick, Math.max(50, POLL_MS - (Date.now() - started)));  // one poll a second, start to start
+  setTimeout(tick, Math.max(50, POLL_MS - (Date.now() - started)));  // POLL_MS start to start
 }
 
 async function ratesTick() {
