@@ -31,6 +31,7 @@ from devtools.devstack import (
     listens,
     port_is_free,
 )
+from tests.helpers import eventually
 
 PORT_VARIABLES = tuple(DEFAULT_PORTS)
 LOGS = ("etcd-1", "etcd-2", "etcd-3", "tarantool-1", "tarantool-2", "tarantool-3", "backend", "service")
@@ -147,7 +148,7 @@ def test_make_run_moved_by_one_variable_serves_the_quick_start_shows_coloured_lo
         terminal.wait_for("Ctrl-C", proc)
         assert listen in terminal.text
         children = _children(proc.pid)
-        assert len(children) == 8  # three etcd members, three Tarantool instances (one elected), backend, service
+        assert len(children) == 9  # three etcd members, three Tarantool instances, backend, service, console
         assert "(leader)" in terminal.text  # the banner says who leads
         # the README's quick start, with nothing but SMARTCACHE_PORT_OFFSET set
         assert _cli(env, "ping")["status"] == "OK"
@@ -173,6 +174,8 @@ def test_make_run_moved_by_one_variable_serves_the_quick_start_shows_coloured_lo
         )
         assert status.returncode == 0, status.stdout  # exactly one writable, everyone reachable
         assert "smartcache_build_info" in httpx.get(f"{metrics}/metrics", timeout=5).text
+        console = f"http://127.0.0.1:{DEFAULT_PORTS['SMARTCACHE_CONSOLE_PORT'] + offset}"
+        eventually(lambda: httpx.get(f"{console}/api/status", timeout=5).json().get("leader"), 30, what="console")
         assert httpx.get(f"{metrics}/health/ready", timeout=5).status_code == 200
 
         # the terminal shows every child's log, one coloured readable line each (not JSON)
