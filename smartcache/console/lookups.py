@@ -1,12 +1,14 @@
 """Session lookups and the event tail, through the client library, as a front server would ask.
 
-Sessions: by client id, ``SESSION_LIST`` (metadata; it never carries data) and,
-for each of at most ``MAX_LISTED`` sessions, ``SESSION_GET`` for the data;
-by session id, ``SESSION_GET``. A read refreshes the session's sliding expiry,
-as every read through the service does (the Tarantool operator HTTP reads
-without refreshing, but needs each instance's HTTP port and its own token).
-Data is always masked (``"••••"`` and its size in msgpack bytes) unless the
-caller asked to reveal it and gave the operator token (app.py decides). Nothing
+Sessions: by client id, ``SESSION_LIST`` (metadata; it never carries data), and
+only when the data is revealed ``SESSION_GET`` for each of at most ``MAX_LISTED``
+sessions; by session id, ``SESSION_GET``. ``SESSION_GET`` refreshes the session's
+sliding expiry, as every read through the service does (the Tarantool operator
+HTTP reads without refreshing, but needs each instance's HTTP port and its own
+token): a masked lookup by client id, the usual one, reads nothing and changes
+nothing. Data is masked (``"••••"``, with its size in msgpack bytes when it was
+read) unless the caller asked to reveal it and gave the operator token (app.py
+decides). Nothing
 here logs: session data and ids never reach the console's log.
 
 Events: one thread follows the log with ``Client.subscribe`` from the last
@@ -78,6 +80,9 @@ def sessions(
         listed = reply.body.get("sessions") or []
         for listed_meta in listed[:MAX_LISTED]:
             meta = {k: _text(v) for k, v in listed_meta.items()}
+            if not reveal:  # not read: its expiry is left as it is
+                out.append({**meta, "data": {"masked": MASK}})
+                continue
             one = _one(c, uuid.UUID(meta["session_id"]), reveal)
             out.append({**meta, "data": one["data"] if one else None})
         return {"client_id": client_id, "sessions": out, "count": len(listed), "shown": len(out)}

@@ -204,10 +204,13 @@ def test_every_action_route_answers_401_without_the_token_and_403_with_a_wrong_o
 def test_a_session_looked_up_by_client_id_is_listed_with_its_data_masked(stack: Stack) -> None:
     client_id = "client-console-" + uuid.uuid4().hex[:8]
     with Client(stack.service.endpoint, timeout_s=5) as c:
-        created = c.session_create(client_id, data={"card": SECRET_DATA})
-    assert created.ok
-    assert created.session_id is not None
-    sid = str(created.session_id)
+        created = c.session_create(client_id, data={"card": SECRET_DATA}, ttl_s=10)
+        assert created.ok
+        assert created.session_id is not None
+        sid = str(created.session_id)
+        # past a tenth of the ttl (1 s), a read would write a new deadline: the masked lookup must not read
+        time.sleep(1.2)
+        before = c.session_list(client_id).body["sessions"][0]["updated_at_ms"]
     b = stack.browser
     b.find_element(By.ID, "session-client").clear()
     b.find_element(By.ID, "session-client").send_keys(client_id)
@@ -218,6 +221,8 @@ def test_a_session_looked_up_by_client_id_is_listed_with_its_data_masked(stack: 
     assert shown.startswith("••••")
     assert SECRET_DATA not in shown
     _assert_nothing_secret_on_page(stack)
+    with Client(stack.service.endpoint, timeout_s=5) as c:
+        assert c.session_list(client_id).body["sessions"][0]["updated_at_ms"] == before  # not refreshed
     # with the token, and asked for, the API reveals it
     revealed = httpx.get(
         stack.url + "/api/sessions",

@@ -227,7 +227,7 @@ function drawLeaderChanges(doc) {
 
 function shownData(d) {
   if (d === null || d === undefined) return "";
-  if (d.masked) return `${d.masked} (${d.bytes} B)`;
+  if (d.masked) return d.bytes === undefined ? d.masked : `${d.masked} (${d.bytes} B)`;
   return JSON.stringify(d);
 }
 
