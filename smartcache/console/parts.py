@@ -50,7 +50,6 @@ class Part:
         self.data: Any = None
         self.error: str | None = "not asked yet"
         self.answered_at: float | None = None  # monotonic
-        self.answered_wall: float | None = None
         self.started_at = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
@@ -77,7 +76,7 @@ class Part:
             self.error = f"{type(e).__name__}: {e}"[:300]
             return
         self.data, self.error = data, None
-        self.answered_at, self.answered_wall = time.monotonic(), time.time()
+        self.answered_at = time.monotonic()
         if self.on_answer is not None:
             self.on_answer(data)
 

@@ -166,7 +166,7 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
 class Proxy(SocketThread):
     """The proxy thread: the DEALER the children connect to, the public ROUTER, ``zmq.proxy_steerable`` between.
 
-    ``begin`` binds the DEALER (the children connect to it as they start); ``open`` binds the public
+    ``start`` binds the DEALER (the children connect to it as they start); ``open`` binds the public
     endpoint once they are up; ``drain_and_stop`` ends it after every answer the children sent is out.
     """
 
@@ -175,8 +175,8 @@ class Proxy(SocketThread):
         self._listen = listen
         self._backend = backend
         self._max_msg_bytes = max_body_bytes + OVERSIZE_MARGIN_BYTES
-        self._backend_bound = threading.Event()
-        self._open = threading.Event()
+        self._open = threading.Event()  # set by open (or stop): bind the public endpoint (or give up)
+        self._opened = threading.Event()  # set on the thread: it is bound, or error says why not
         self._abandon = False
         #: the one socket that talks to the proxy's control PAIR: a PAIR takes one peer, and a second one
         #: connected before the first one's pipe is gone is refused, its words lost (seen: TERMINATE)
@@ -184,23 +184,12 @@ class Proxy(SocketThread):
         self._client_lock = threading.Lock()
         self.endpoint = ""
 
-    def begin(self) -> None:
-        """Start the thread and wait until the children's endpoint is bound (raises if it could not be)."""
-        self._thread.start()
-        self._backend_bound.wait()
-        if self.error is not None:
-            raise self.error
-
     def open(self) -> None:
-        """Bind the public endpoint and start proxying (raises if it could not be bound)."""
+        """After ``start``: bind the public endpoint and start proxying (raises if it could not be bound)."""
         self._open.set()
-        self._bound.wait()
+        self._opened.wait()
         if self.error is not None:
             raise self.error
-
-    def start(self) -> None:
-        self.begin()
-        self.open()
 
     def stop(self) -> None:
         """End the proxy now (safe from any thread); before ``open``, end the thread that waits for it."""
@@ -208,7 +197,7 @@ class Proxy(SocketThread):
             self._abandon = True
             self._open.set()
             return
-        if self._bound.is_set() and self.error is None:
+        if self._opened.is_set() and self.error is None:
             try:
                 self._ask(b"TERMINATE")
             except TimeoutError as e:  # the context's end stops it (proxy_crashed)
@@ -248,7 +237,7 @@ class Proxy(SocketThread):
         settled = False
         last: tuple[int, int] | None = None
         since = time.monotonic()
-        while self.is_alive() and self._bound.is_set() and self.error is None:
+        while self.is_alive() and self._opened.is_set() and self.error is None:
             try:
                 stats = self.statistics()
             except TimeoutError as e:
@@ -284,9 +273,9 @@ class Proxy(SocketThread):
             for sock in sockets:
                 sock.close(linger=0)
             self.error = e
-            self._backend_bound.set()
+            self.bound()
             return
-        self._backend_bound.set()
+        self.bound()  # start returns: the children may connect
         self._open.wait()
         try:
             if self._abandon:
@@ -303,9 +292,9 @@ class Proxy(SocketThread):
             for sock in sockets:
                 sock.close(linger=0)
             self.error = e
-            self.bound()
+            self._opened.set()
             return
-        self.bound()
+        self._opened.set()
         log.info("proxy_listening", endpoint=self.endpoint, backend=self._backend)
         try:
             zmq.proxy_steerable(frontend, backend, None, control)
@@ -359,7 +348,7 @@ class Processes:
         """The children's endpoint, the children (each connected and announced), the public one, HTTP."""
         s = self.settings
         try:
-            self.proxy.begin()
+            self.proxy.start()
         except zmq.ZMQError as e:
             raise StartError(f"the processes' endpoint {self.backend}: {e.strerror}") from e
         for c in self.children:

@@ -391,6 +391,14 @@ def ping_frames(first: int, n: int) -> dict[int, list[bytes]]:
     }
 
 
+def assert_each_answered_once(endpoint: str, messages: dict[int, list[bytes]]) -> None:
+    sock = dealer(endpoint)
+    try:
+        assert exchange(sock, messages)[0] == dict.fromkeys(messages, 1)
+    finally:
+        sock.close()
+
+
 def test_a_child_that_dies_is_started_again_and_the_endpoint_keeps_serving(storage: Tarantool, tmp_path: Path) -> None:
     with parent_process(storage.address, tmp_path) as p:
         first = p.child_pids()
@@ -398,20 +406,10 @@ def test_a_child_that_dies_is_started_again_and_the_endpoint_keeps_serving(stora
         eventually(lambda: gone(first[1]), what="the child killed")
         # Once the parent has seen the death, before the restart: none is handed to the dead one.
         eventually(lambda: any(x.get("event") == "process_died" for x in p.log_lines()), what="process_died")
-        sock = dealer(p.endpoint)
-        try:
-            meanwhile = ping_frames(1000, 50)
-            assert exchange(sock, meanwhile)[0] == dict.fromkeys(meanwhile, 1)
-        finally:
-            sock.close()
+        assert_each_answered_once(p.endpoint, ping_frames(1000, 50))
         eventually(lambda: p.health()[0] == 200 and p.child_pids()[1] != first[1], 30, 0.1, "process 1 again")
         assert p.child_pids()[0] == first[0]
-        sock = dealer(p.endpoint)
-        try:
-            messages = ping_frames(1, 50)
-            assert exchange(sock, messages)[0] == dict.fromkeys(messages, 1)
-        finally:
-            sock.close()
+        assert_each_answered_once(p.endpoint, ping_frames(1, 50))
         assert metric(p.metrics_url, "smartcache_process_restarts_total", {"process": "1"}) == 1
         died = [line for line in p.log_lines() if line.get("event") == "process_died"]
         assert [(d["process"], d["pid"]) for d in died] == [(1, first[1])]
