@@ -69,6 +69,16 @@ M.WORKAROUNDS = {
         test = 'tests/integration/test_limbo.py',
     },
     {
+        name = 'SYNC_ROLLBACK_ADMITS_NEWER',
+        why = 'a synchronous timeout writes its ROLLBACK row and only then rolls back the limbo in memory; '
+            .. 'a write committed during that WAL write lands after the row, is rolled back on the leader '
+            .. 'only and kept by the followers, whose appliers then stop on the next event (ER_TUPLE_FOUND): '
+            .. 'new synchronous writes are refused as read-only while the oldest one nears its timeout',
+        issue = nil, fixed_in = {{2, 6, 1}},  -- 'txn_limbo: introduce cascading rollback' (is_in_rollback)
+        where = 'quorum.lua (rollback_near, synchronous)',
+        test = 'tests/integration/test_sync_rollback.py (the control diverges the replica, the hold does not)',
+    },
+    {
         name = 'JOIN_FAILS_ON_SYNCHRO_ROWS',
         why = 'a CONFIRM or ROLLBACK row in the final stage of a join kills the joining instance '
             .. '("Unknown request type 40"): the joiner asks the leader to hold writes (sc.join_hold)',

@@ -78,28 +78,83 @@ M.reads_waited = 0
 -- so while this is 0 no synchronous transaction of ours is in it.
 M.inflight = 0
 
-local function settle(space_name, key)
+-- (compat.SYNC_ROLLBACK_ADMITS_NEWER) When the oldest transaction in the limbo has waited
+-- replication_synchro_timeout without its quorum, 2.6.0 writes a ROLLBACK row naming its LSN and only
+-- after that WAL write, in the same fiber, rolls back in memory every transaction in the limbo
+-- (txn_limbo.c, txn_limbo_wait_complete). The WAL write yields; a transaction committed meanwhile
+-- enters the limbo and the WAL after the ROLLBACK row, is rolled back in the leader's memory with the
+-- rest, and is kept by every follower (the ROLLBACK row they applied came before it). The next event
+-- then reuses its sequence number and the followers' appliers stop on ER_TUPLE_FOUND: every write
+-- fails from then on (issue 35; tests/integration/test_sync_rollback.py shows it). So a new
+-- synchronous statement is refused, as read-only (the service answers NOT_LEADER and retries), from
+-- the moment the oldest one still in flight has waited the timeout less a margin until it has ended.
+-- Tarantool's clock for the timeout (fiber_clock, the event loop's cached time) is the one
+-- fiber.clock() reads, and it starts only once the write is in the WAL, so this hold always starts
+-- first; the abort loop that ends a rollback runs without a yield, so the hold cannot end before it.
+M.ROLLBACK_MARGIN_S = 0.25   -- the hold starts this much before the timeout, or a tenth of it if less
+M.rollback_holds = 0         -- statements refused so (sc.stats, the service's metrics)
+local started = {}           -- statement number -> fiber.clock() when it was made; nil once ended
+local oldest, newest = 1, 0  -- the statement numbers in flight are among oldest..newest
+
+-- fiber.clock() when the oldest synchronous statement still in flight was made, or nil.
+local function oldest_start()
+    while oldest <= newest and started[oldest] == nil do
+        oldest = oldest + 1
+    end
+    return started[oldest]
+end
+
+-- Would a synchronous write made now risk entering the limbo during a rollback? nil, or the seconds
+-- the oldest write in flight has waited.
+function M.rollback_near()
+    local t0 = oldest_start()
+    if t0 == nil then
+        return nil
+    end
+    local timeout = box.cfg.replication_synchro_timeout
+    local waited = fiber.clock() - t0
+    if waited >= timeout - math.min(M.ROLLBACK_MARGIN_S, timeout / 10) then
+        return waited
+    end
+    return nil
+end
+
+local function settle(space_name, key, n)
     M.inflight = M.inflight - 1
+    started[n] = nil
     if space_name == nil then
         return
     end
     local p = pending[space_name]
-    local n = p[key] - 1
-    if n == 0 then
+    local c = p[key] - 1
+    if c == 0 then
         p[key] = nil
     else
-        p[key] = n
+        p[key] = c
     end
     settled:broadcast()
 end
 
 -- The pair of sc_quorum rows that makes the open transaction synchronous; key
--- (of space_name) is pending until the transaction ends.
+-- (of space_name) is pending until the transaction ends. Raises ER_READONLY
+-- while a rollback may be under way (above): then nothing of it is written.
 local function synchronous(space_name, key)
+    if compat.SYNC_ROLLBACK_ADMITS_NEWER then
+        local waited = M.rollback_near()
+        if waited ~= nil then
+            M.rollback_holds = M.rollback_holds + 1
+            box.error({code = box.error.READONLY, reason = string.format(
+                'writes held: a synchronous write has waited %.2f s for its quorum and may be rolled back '
+                .. 'now (read-only until it ends)', waited)})
+        end
+    end
     local q = box.space[M.SPACE]
     q:insert({M.KEY})
     q:delete({M.KEY})
     M.inflight = M.inflight + 1
+    newest = newest + 1
+    local n = newest
+    started[n] = fiber.clock()
     if space_name ~= nil then
         local p = pending[space_name]
         if p == nil then
@@ -109,7 +164,7 @@ local function synchronous(space_name, key)
         p[key] = (p[key] or 0) + 1
     end
     local function done()
-        settle(space_name, key)
+        settle(space_name, key, n)
     end
     box.on_commit(done)
     box.on_rollback(done)
@@ -253,7 +308,8 @@ function M.stats()
         end
     end
     return {enabled = M.enabled, guarded = names, quorum_rows = q and q:len() or box.NULL, pending_keys = keys,
-            reads_waited = M.reads_waited, inflight = M.inflight}
+            reads_waited = M.reads_waited, inflight = M.inflight,
+            rollback_holds = M.rollback_holds}
 end
 
 -- Turn synchronous writes on (HA with SC_SYNC). Before box.cfg: only records it.
