@@ -2,8 +2,9 @@
 --
 --   GET /health                 role, failover state, replication, memtx, WAL (503 when unhealthy)
 --   GET /metrics                Prometheus text format
---   GET /sessions/<id>          one live session
---   GET /clients/<id>/sessions  a client's live sessions
+--   GET /sessions/<id>          one live session (421 when its bucket is not active here)
+--   GET /clients/<id>/sessions  a client's live sessions; in a sharded cluster those of a
+--                               bucket not active here apart, as "copies" with the bucket's state
 local socket = require('socket')
 local json = require('json')
 local log = require('log')
@@ -17,6 +18,7 @@ local sessions = require('smartcache.sessions')
 local runtime = require('smartcache.runtime')
 local failover = require('smartcache.failover')
 local config = require('smartcache.config')
+local buckets = require('smartcache.buckets')
 
 local M = {}
 
@@ -28,7 +30,7 @@ local F = schema.F.sessions
 
 local function respond(s, code, content_type, body)
     local reason = ({[200] = 'OK', [400] = 'Bad Request', [401] = 'Unauthorized', [404] = 'Not Found',
-                     [405] = 'Method Not Allowed', [503] = 'Service Unavailable',
+                     [405] = 'Method Not Allowed', [421] = 'Misdirected Request', [503] = 'Service Unavailable',
                      [500] = 'Internal Server Error'})[code] or 'OK'
     s:write(string.format('HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s',
         code, reason, content_type, #body, body))
@@ -54,6 +56,30 @@ end
 local function session_view(t, now)
     return {session_id = t[F.id], client_id = t[F.client_id], version = t[F.version], rev = t[F.rev],
             updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now, data = t[F.data]}
+end
+
+-- nil when this shard serves the session row's bucket (the cluster is not sharded, or the bucket
+-- is active here: what buckets.refusal lets a call through for). Else where the row stands: its
+-- bucket, the bucket's state here (receiving, sending, sent, garbage, aborting: a copy moving in
+-- or out, the garbage of a move, a given-up copy being deleted; null: a bucket this shard does not
+-- hold, rows from before sharding) and the other shard of the move (peer), when there is one.
+-- Such a row may be partial or stale: the operator view must not pass it for the session.
+local function not_served(t)
+    local count = buckets.count()
+    if count == nil then
+        return nil
+    end
+    local b = t[F.bucket] or buckets.of_row('sessions', t, count)
+    local row = box.space.sc_buckets:get(b)
+    if row ~= nil and row[2] == 'active' then
+        return nil
+    end
+    return {bucket = b, state = row and row[2] or box.NULL, peer = row and row[4] or box.NULL}
+end
+
+local function not_served_message(where)
+    return string.format('not served here: bucket %d is %s on this shard', where.bucket,
+        where.state ~= nil and where.state or 'not held')
 end
 
 -- 503 with the reasons in "problems" when not running, after a recent WAL
@@ -195,17 +221,31 @@ local function route(path)
         if t == nil then
             return 404, 'application/json', json.encode({error = 'NOT_FOUND'})
         end
+        local where = not_served(t)
+        if where ~= nil then
+            return 421, 'application/json', json.encode({error = 'NOT_SERVED_HERE', message = not_served_message(where),
+                bucket = where.bucket, bucket_state = where.state, peer = where.peer})
+        end
         return 200, 'application/json', to_json(session_view(t, now))
     end
     local client = path:match('^/clients/([^/]+)/sessions$')
     if client ~= nil then
-        local list = {}
+        local list, copies = {}, {}
         for _, t in box.space.sessions.index.by_client:pairs({client}, {iterator = 'EQ'}) do
             if t[F.expires_at] > now then
-                table.insert(list, session_view(t, now))
+                local where = not_served(t)
+                if where == nil then
+                    table.insert(list, session_view(t, now))
+                else
+                    local view = session_view(t, now)
+                    view.bucket, view.bucket_state, view.peer = where.bucket, where.state, where.peer
+                    table.insert(copies, view)
+                end
             end
         end
-        return 200, 'application/json', to_json({client_id = client, sessions = list})
+        -- copies: only in a sharded cluster (not sharded, the answer is what it always was)
+        return 200, 'application/json', to_json({client_id = client, sessions = list,
+            copies = buckets.count() ~= nil and copies or nil})
     end
     return 404, 'application/json', json.encode({error = 'NOT_FOUND', message = 'no such route'})
 end
