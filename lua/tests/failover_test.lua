@@ -401,7 +401,7 @@ local LEADER_KEY = '/smartcache/test/leader'
 -- Tests ------------------------------------------------------------------------------
 
 local test = tap.test('failover')
-test:plan(57)
+test:plan(61)
 
 test:test('etcd client speaks the gateway: leases, create, txn, range, delete', function(t)
     t:plan(14)
@@ -1347,6 +1347,88 @@ test:test('auto-rejoin stays DIVERGED where the proof fails, and when SC_AUTO_RE
     t:like(a.fo:status().rejoin_refused, 'rows of instance 3', 'status says why')
     a = diverge_old_leader({auto_rejoin = false})
     t:is(#rejoin_calls(a), 0, 'SC_AUTO_REJOIN=false: only cluster rejoin rebuilds it')
+end)
+
+test:test('a follower whose applier stops on a conflict again after a reconnect rebuilds itself from the leader',
+    function(t)
+    t:plan(6)
+    local _, a, b = cluster(2)
+    run_for({a, b}, 1)
+    t:is(b.fo.role, 'follower', 'b follows')
+    local dup = "Duplicate key exists in unique index 'primary' in space 'events_20261206'"
+    b.box.upstream_ = {status = 'stopped', message = dup}
+    run_for({a, b}, 0.4)
+    t:is(b.fo.counters.reconnects, 1, 'the first stop: reconnected')
+    t:is(#rejoin_calls(b), 0, 'not rebuilt yet: a reconnect may be enough')
+    run_for({a, b}, 1)  -- it stopped on the same row again
+    t:is(#rejoin_calls(b), 1, 'then rebuilt, once: ' .. tostring(rejoin_calls(b)[1]))
+    t:is(b.fo.counters.conflict_rebuilds, 1, 'counted')
+    t:like(rejoin_calls(b)[1] or '', 'rolled back, never acknowledged', 'the reason says why nothing is lost')
+end)
+
+test:test('a follower stopped on a conflict with SC_AUTO_REJOIN=false says what a person must check', function(t)
+    t:plan(3)
+    local _, a, b = cluster(2)
+    b.fo.auto_rejoin = false
+    run_for({a, b}, 1)
+    b.box.upstream_ = {status = 'stopped', message = "Duplicate key exists in unique index 'primary'"}
+    run_for({a, b}, 2)
+    t:is(#rejoin_calls(b), 0, 'not rebuilt')
+    t:like(b.fo:status().rejoin_refused, 'Check: the leader leads', 'status names the check')
+    b.box.upstream_ = {status = 'stopped', message = 'Failed to write to disk'}
+    b.fo.auto_rejoin = true
+    b.fo.rejoin_refused = nil
+    run_for({a, b}, 2)
+    t:is(#rejoin_calls(b), 0, 'a disk error is no conflict: reconnected, never rebuilt')
+end)
+
+test:test("the quorum's proof: the leader and enough followers of its term show they lack the rows", function(t)
+    t:plan(6)
+    local qp = require('smartcache.failover.rejoin').quorum_proof
+    local function case(members, over)
+        local a = {mine = {[1] = 25, [2] = 7}, own_id = 1, count = 3, floor = 2,
+                   leader = {uuid = 'bbbb', term = 5, id = 2, vclock = {[1] = 20, [2] = 7}}, members = members}
+        for k, v in pairs(over or {}) do
+            a[k] = v
+        end
+        return qp(a)
+    end
+    local follower = {role = 'follower', term = 5, vclock = {[1] = 20, [2] = 9}}
+    local ok, why = case({bbbb = {role = 'leader', term = 5}, cccc = follower})
+    t:ok(ok, 'the leader and one follower of term 5: no quorum of 2 of 3 held rows 21..25: ' .. tostring(why))
+    t:like(select(2, case({cccc = {role = 'follower', term = 5, vclock = {[1] = 22}}})), '1 of the 3 members',
+        'refused: the follower holds some of them')
+    t:like(select(2, case({cccc = {role = 'follower', term = 4, vclock = {[1] = 20}}})), '1 of the 3 members',
+        'refused: a record of an earlier term (stale, or a restored etcd)')
+    t:like(select(2, case({cccc = {role = 'diverged', term = 5, vclock = {[1] = 20}, reason = 'x'}})),
+        '1 of the 3 members', 'refused: a DIVERGED member proves nothing')
+    t:like(select(2, case({cccc = follower}, {mine = {[1] = 25, [3] = 1}})), 'rows of instance 3',
+        'refused: rows of another instance')
+    t:ok(case({c = follower, d = follower}, {count = 5, floor = 3}),
+        'five members, quorum 3: the leader and two followers are enough')
+end)
+
+test:test('an old leader frozen across an etcd wipe comes back DIVERGED and rebuilds itself by the quorum proof',
+    function(t)
+    t:plan(5)
+    local fake, a, b, c = cluster(3)
+    local all = {a, b, c}
+    a.box.vc, b.box.vc, c.box.vc = {[1] = 20}, {[1] = 20}, {[1] = 20}
+    run_for(all, 1)
+    t:is(a.fo.role, 'leader', 'a leads term 1')
+    fake.revision = fake.revision + 100000  -- a long-running etcd: its revision is far past a fresh one's
+    run_for(all, 1)
+    a.box.vc = {[1] = 25}  -- written as leader, never replicated (the quorum never had them)
+    a.frozen = true
+    fake:wipe()
+    run_for({b, c}, 4 * TTL)
+    local l = leader_of({b, c})
+    t:ok(l ~= nil and l.fo.term == 2, 'a new leader of term 2')
+    a.frozen = false
+    run_for(all, 2)
+    t:ok(a.fo.counters.dcs_regressions >= 1, 'the old leader saw the DCS go back')
+    t:is(#rejoin_calls(a), 1, 'and still rebuilt itself: ' .. tostring(a.fo.rejoin_refused))
+    t:like(rejoin_calls(a)[1] or '', 'auto: ', 'by itself')
 end)
 
 test:test('set-aside directories: a bounded count, the oldest removed first', function(t)

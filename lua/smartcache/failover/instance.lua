@@ -131,7 +131,7 @@ function M.new(opts)
     self.decisions = {}        -- loop name -> the last decision of its step
     self.counters = {elections_won = 0, promotions = 0, fences = 0, step_downs = 0, etcd_errors = 0,
                      divergences = 0, switchovers = 0, join_holds = 0, quorum_raises = 0,
-                     reconnects = 0, dcs_regressions = 0, auto_rejoins = 0, quorum_lowerings = 0,
+                     reconnects = 0, dcs_regressions = 0, auto_rejoins = 0, conflict_rebuilds = 0, quorum_lowerings = 0,
                      set_asides = opts.set_aside and 1 or 0, set_asides_removed = opts.set_aside and
                      opts.set_aside.removed or 0}
     self.keys.member = self.keys.members .. self.box.uuid()

@@ -23,6 +23,20 @@
 --   * a DCS that went back since it led (the key's election may have compared
 --     vclocks of an etcd that had forgotten a later term);
 --   * another replica set.
+--
+-- The quorum's proof (M.quorum_proof), tried first, needs no history of the
+-- DCS at all, only what the members show now: an acknowledged write was on a
+-- quorum of at least q of the N members (q the quorum's floor, a majority),
+-- so a set of N - q + 1 members none of which holds our rows beyond the key,
+-- and none of which can still get them, proves that no quorum ever held them.
+-- The leader holds none of them (the key's vclock is its own) and replicates
+-- from nobody; a member whose record says it follows the key's leader in the
+-- key's term, not DIVERGED, holds none of them either (it would be DIVERGED:
+-- follow() compares every component but the leader's with the key) and gets
+-- rows from the leader alone. This is what lets an old leader frozen across an
+-- etcd wipe rebuild itself: the wipe sends the DCS's revision back, which the
+-- election proof must refuse (the fault probe: 4 of 10 such wipes waited for
+-- a person), while the leader and its follower show the proof directly.
 local fio = require('fio')
 local fiber = require('fiber')
 local json = require('json')
@@ -75,6 +89,45 @@ function M.proof(a)
     end
     return true, string.format('own rows %d..%d were written while it led term %d and are on no member of the '
         .. 'majority that elected term %d: never acknowledged', base + 1, own, led.term, leader.term)
+end
+
+-- The quorum's proof: may an instance with vclock mine (its id own_id) set aside
+-- its own rows beyond the key of leader ({uuid, id, term, vclock})? members: the
+-- records of the other members (uuid -> {role, term, reason, vclock}); count: the
+-- members there are (N), floor: the synchronous quorum's floor (q). true and why,
+-- or false and why.
+function M.quorum_proof(a)
+    local leader, key = a.leader, a.leader.vclock
+    if type(key) ~= 'table' or leader.vclock_unreadable then
+        return false, "the leader key's vclock cannot be read"
+    end
+    local own, base = a.mine[a.own_id] or 0, key[a.own_id] or 0
+    if own <= base then
+        return false, 'no rows of our own beyond the key'
+    end
+    for id, lsn in pairs(a.mine) do
+        if id ~= a.own_id and id ~= leader.id and lsn > (key[id] or 0) then
+            return false, string.format('rows of instance %d beyond the key (%d > %d): another instance wrote them',
+                id, lsn, key[id] or 0)
+        end
+    end
+    local without = {leader.uuid}  -- members that hold none of own rows base+1.. and cannot get them
+    for uuid, m in pairs(a.members or {}) do
+        if uuid ~= leader.uuid and m.role == 'follower' and tonumber(m.term) == leader.term and m.reason == nil
+                and ((m.vclock or {})[a.own_id] or 0) <= base then
+            table.insert(without, uuid)
+        end
+    end
+    local need = a.count - a.floor + 1
+    if #without < need then
+        return false, string.format('%d of the %d members show they lack own rows %d..%d (the leader and the '
+            .. 'followers of term %d that are not DIVERGED); %d must, for no quorum of %d to have held them',
+            #without, a.count, base + 1, own, leader.term, need, a.floor)
+    end
+    table.sort(without)
+    return true, string.format('own rows %d..%d are on none of %s (the leader of term %d and its followers), so '
+        .. 'on fewer than the quorum of %d of %d members: never acknowledged', base + 1, own,
+        table.concat(without, ', '), leader.term, a.floor, a.count)
 end
 
 -- Leave the marker and exit REJOIN_EXIT_CODE 0.2 s later (after an answer went out).
@@ -137,8 +190,15 @@ function M.set_aside(data_dir, keep, log)
     return {dir = aside, moved = moved, removed = removed}
 end
 
--- A DIVERGED follower: rebuild by itself when the proof holds and SC_AUTO_REJOIN
--- allows it; a sentence for the decision.
+-- The members there are (N) and the quorum's floor (q), for the quorum's proof.
+function methods:quorum_shape()
+    local count = self.topology ~= nil and #self.topology.members or self.cluster_size
+    return math.max(count, self:quorum_floor()), self:quorum_floor()
+end
+
+-- A DIVERGED follower: rebuild by itself when a proof holds and SC_AUTO_REJOIN
+-- allows it; a sentence for the decision. The quorum's proof first (it needs no
+-- DCS history), then the election's.
 function methods:maybe_auto_rejoin(leader)
     if not self.auto_rejoin then
         return 'auto-rejoin off (SC_AUTO_REJOIN=false): cluster rejoin rebuilds it'
@@ -146,21 +206,40 @@ function methods:maybe_auto_rejoin(leader)
     if self.rejoin_requested then
         return 'rebuilding: restart pending'
     end
-    if self:dcs_hold_left() > 0 or self.dcs_regressed ~= nil then
-        return 'not rebuilding by itself: the DCS went back'
+    local mine, own_id = self.box.vclock(), self.box.id()
+    local count, floor = self:quorum_shape()
+    local ok, why = M.quorum_proof({mine = mine, own_id = own_id, leader = leader, members = self:members(),
+                                    count = count, floor = floor})
+    if not ok then
+        local election_ok, election_why
+        if self:dcs_hold_left() > 0 or self.dcs_regressed ~= nil then
+            election_ok, election_why = false, 'the DCS went back'
+        else
+            election_ok, election_why = M.proof({mine = mine, own_id = own_id, leader = leader, led = self.led,
+                regressed_term = self.regressed_term, replicaset = self.box.replicaset()})
+        end
+        if not election_ok then
+            why = string.format('%s; %s. Check: does any member other than the leader hold our rows (cluster '
+                .. 'status: its vclock)? If none does, smartcache-cli cluster rejoin loses nothing', why, election_why)
+        else
+            ok, why = true, election_why
+        end
     end
-    local ok, why = M.proof({mine = self.box.vclock(), own_id = self.box.id(), leader = leader, led = self.led,
-                             regressed_term = self.regressed_term, replicaset = self.box.replicaset()})
     if not ok then
         if self.rejoin_refused ~= why then
             self.rejoin_refused = why
-            self.log.error('failover: DIVERGED and not rebuilding by itself: %s (smartcache-cli cluster rejoin)', why)
+            self.log.error('failover: DIVERGED and not rebuilding by itself: %s', why)
         end
         return 'not rebuilding by itself: ' .. why
     end
     self.rejoin_refused = nil
     self.log.warn('failover: DIVERGED: rebuilding from the leader by itself: %s', why)
-    local marker, err = self.request_rejoin('auto: ' .. self.diverged)
+    return self:rebuild('auto: ' .. self.diverged, why)
+end
+
+-- Ask for our rebuild from the leader (the marker, then an exit to be restarted empty).
+function methods:rebuild(reason, why)
+    local marker, err = self.request_rejoin(reason)
     if marker == nil then
         return 'cannot rebuild: ' .. tostring(err)
     end
