@@ -76,8 +76,17 @@ def _instance_columns() -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
         ("LEASE LEFT", lambda i: f"{i['lease_left_ms'] / 1000:.1f} s" if i.get("lease_left_ms") else None),
         ("QUORUM", lambda i: i.get("quorum") if i.get("role") == "leader" else None),
         ("ID", lambda i: i.get("instance_id")),
-        ("PROBLEM", lambda i: i.get("diverged") or i.get("fence_reason") or i.get("dcs_regressed") or i.get("error")),
+        ("PROBLEM", _problem),
     ]
+
+
+def _problem(i: Mapping[str, Any]) -> Any:
+    """What is wrong with one instance, and, where it does not mend itself, what a person must check."""
+    keys = ("diverged", "fence_reason", "dcs_regressed", "upstream_problem", "error")
+    problem = next((i[k] for k in keys if i.get(k)), None)
+    if problem and i.get("rejoin_refused"):
+        return f"{problem}; not rebuilding by itself: {i['rejoin_refused']}"
+    return problem
 
 
 def cluster_status(doc: Mapping[str, Any]) -> str:

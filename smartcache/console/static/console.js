@@ -72,6 +72,10 @@ function instanceRows(instances, problems, shard) {
     } else if (i.upstream_problem) {
       problem = `upstream: ${i.upstream_problem}`;
     }
+    if (i.reachable && i.rejoin_refused) {
+      problem = `${problem}; not rebuilding by itself: ${i.rejoin_refused}`;
+      problems.push(`instance ${label}: ${problem}`);
+    }
     const lag = top !== null && i.reachable && i.vclock ? top - vclockSum(i.vclock) : null;
     const rejoin = el("button", { type: "button", class: "rejoin", textContent: "rejoin…" });
     rejoin.addEventListener("click", () => askRejoin(i));
