@@ -26,6 +26,7 @@ local latches = require('smartcache.latches')
 local queues = require('smartcache.queues')
 local events = require('smartcache.events')
 local stats = require('smartcache.stats')
+local digest = require('smartcache.digest')
 local idempotency = require('smartcache.idempotency')
 local failover = require('smartcache.failover')
 local util = require('smartcache.util')
@@ -44,7 +45,7 @@ M.OPERATOR_ROLE = 'smartcache_operator'
 -- Procedures only operators may call; and those both roles may call.
 M.OPERATOR_ONLY = {['sc.switchover'] = true, ['sc.rejoin'] = true, ['sc.join_hold'] = true,
                    ['sc.topology_init'] = true, ['sc.topology_add'] = true, ['sc.topology_remove'] = true,
-                   ['sc.buckets_init'] = true}
+                   ['sc.buckets_init'] = true, ['sc.digest'] = true}
 M.OPERATOR_TOO = {['sc.role'] = true, ['sc.stats'] = true, ['sc.ping'] = true}
 for _, name in ipairs({'buckets_held', 'bucket_state', 'bucket_rows', 'bucket_send_start', 'bucket_send_abort',
                        'bucket_send_done', 'bucket_gc', 'bucket_recv_start', 'bucket_recv', 'bucket_recv_done',
@@ -101,6 +102,7 @@ local reads = {
     latch_get = latches.get,
     queue_stats = queues.stats,
     events_stats = events.stats,
+    digest = digest.digest,  -- operators: this instance's data, space by space (compare a follower with the leader)
     -- Failover (smartcache.failover): what the service polls, and the operator's actions.
     role = failover.role,
     switchover = failover.switchover,

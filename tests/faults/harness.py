@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.netns import Network
-from tests.faults import checkers, disks
+from tests.faults import checkers, disks, load
 from tests.faults.checkers import SYNC_WORKLOADS, Verdict
 from tests.faults.cluster import NODES, TTL_S, Cluster, until
 from tests.faults.disks import Ext4Loop, Tmpfs
@@ -68,6 +68,8 @@ class Setup:
     #: the services find the instances in etcd (SMARTCACHE_ETCD + SMARTCACHE_CLUSTER), not in SMARTCACHE_TARANTOOL:
     #: a row that changes the members shows the services following the change
     discovery: bool = False
+    #: what both services are started with besides the suite's own (the fuzz mix: no bad-input throttle)
+    service_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,6 +112,8 @@ class Run:
         self.hot: list[str] = []
         self.counter = f"faults-{uuid.uuid4().hex[:8]}"
         self.set_clients = [f"set-{i}-{uuid.uuid4().hex[:6]}" for i in range(LOAD["set"])]
+        #: reads the event log through s2 for the whole row (load.event_seq_twice)
+        self.watcher: load.EventWatcher | None = None
 
     # -- for timelines ----------------------------------------------------------------
 
@@ -317,7 +321,14 @@ class Run:
                     "FAKETIME_CACHE_DURATION": "1",
                     "DONT_FAKE_MONOTONIC": "1",  # the jump is the wall clock's; monotonic time goes on
                 }
-        self.cluster = Cluster(self.base, self.net, node_env=node_env, data_dirs=data_dirs, discovery=setup.discovery)
+        self.cluster = Cluster(
+            self.base,
+            self.net,
+            node_env=node_env,
+            service_env=dict(setup.service_env),
+            data_dirs=data_dirs,
+            discovery=setup.discovery,
+        )
         self.cluster.start()
         self.hot = create_hot_sessions(self.c.services["s1"].endpoint, HOT_SESSIONS, "register-hot")
 
@@ -348,6 +359,8 @@ class Run:
                 i += 1
         for w in self.workers:
             w.start()
+        self.watcher = load.EventWatcher(self.c.services[services[-1].name].endpoint)
+        self.watcher.start()
         self.mark("load_started")
 
     def warm_up(self) -> None:
@@ -384,6 +397,8 @@ class Run:
         self.stop_load.set()
         for w in self.workers:
             w.join(15)
+        if self.watcher is not None:
+            self.watcher.stop()
         if self.sampler is not None:
             self.sampler.stop()
 
@@ -437,6 +452,26 @@ class Run:
             missing = len(acked - present[n])
             self.check(f"{n} (follower) has every acknowledged session", missing == 0, f"{missing} missing")
         self.extra["final_leader"] = leader
+        self.replicas_agree(leader, others if converged else [])
+
+    def replicas_agree(self, leader: str, followers: list[str]) -> None:
+        """No follower keeps a row the leader does not have (issue 35: rows the leader rolled back in its
+        memory only), and no event sequence number stands for two events."""
+        rows = load.follower_only_rows(self.c, leader, followers)
+        only = sum(r["rows"] for r in rows.values())
+        self.extra["follower_only_rows"] = only
+        self.extra["follower_digests"] = rows
+        detail = json.dumps(rows) if followers else "no follower caught up to compare (see its own check)"
+        self.check("no row on a follower that the leader does not have", only == 0, detail)
+        conn = self.c.open_conn(leader, 10.0)
+        try:
+            final = load.final_events(conn)
+        finally:
+            conn.close()
+        twice = load.event_seq_twice(self.watcher, final)
+        self.extra["event_seq_twice"] = len(twice)
+        self.extra["events_watched"] = len(self.watcher.seen) if self.watcher is not None else 0
+        self.check("no event sequence number seen twice", not twice, json.dumps(twice[:5]))
 
     def sessions_on(self, node: str) -> set[str]:
         """The ids of the set workload's sessions that one instance holds."""

@@ -12,6 +12,7 @@ with its margin and why; recovery times are reported, not asserted.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -21,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from smartcache.cli import cluster as cli
-from tests.faults import checkers, make_run, moving, sharded
+from tests.faults import checkers, load, make_run, moving, sharded
 from tests.faults.cluster import HTTP_PORT, NODES, SERVICES, TTL_S, etcd_host, http_text, metric_value, until
 from tests.faults.disks import Ext4Loop, Tmpfs
 from tests.faults.harness import OPERATOR, Run, Scenario, Setup
@@ -1068,6 +1069,92 @@ def clock_jump(run: Run) -> None:
     run.note(f"write attempt answers around the jumps: {dict(_write_answers(run, t, run.now()))}")
 
 
+# -- load (issue 35) -----------------------------------------------------------------------
+#: the issue's minute of pulses; the other load rows hold their fault half as long
+LOAD_S = 60.0
+#: the fuzz mix's messages (the issue: 100,000); SMARTCACHE_FAULTS_FUZZ_FRAMES sets another count
+FUZZ_FRAMES = int(os.environ.get("SMARTCACHE_FAULTS_FUZZ_FRAMES", "100000"))
+#: the fuzz mix's budget: it sends as fast as the service answers, slower on a busy machine
+FUZZ_MAX_S = 600.0
+
+
+def _pulsed(run: Run, nodes: list[str], seconds: float, **kw: Any) -> None:
+    run.fault("pulses", nodes=nodes, seconds=seconds)
+    done = load.pulses(run.c, nodes, seconds, seed=len(run.ops()), **kw)
+    run.note(f"{len(done)} pulses: {sorted(d for _, d in done)}")
+    run.healed("pulses_over", pulses=len(done))
+
+
+def load_starved_followers(run: Run) -> None:
+    """Both followers capped at 5 % of a CPU for 30 s, three busy loops beside the cluster."""
+    leader = run.leader()
+    followers = run.followers(leader)
+    if not run.check("cgroup v1 cpu controller writable (CPU quota)", load.CpuQuota.available()):
+        return
+    with load.CpuQuota(5) as quota, load.BusyLoops(3):
+        for f in followers:
+            quota.add(run.c.nodes[f].child.pid)
+        run.fault("followers_starved", followers=followers, percent=5)
+        time.sleep(LOAD_S / 2)
+    run.healed("followers_fed")
+
+
+def load_pulses_one(run: Run) -> None:
+    """One follower SIGSTOPped for 0.3-3 s at a time, for a minute: its acknowledgements come late."""
+    leader = run.leader()
+    _pulsed(run, run.followers(leader)[:1], LOAD_S)
+
+
+def load_pulses_both(run: Run) -> None:
+    """Both followers SIGSTOPped for 0.3-3 s at a time, each on its own, for a minute, two busy loops beside."""
+    leader = run.leader()
+    with load.BusyLoops(2):
+        _pulsed(run, run.followers(leader), LOAD_S)
+
+
+def load_event_burst(run: Run) -> None:
+    """Sessions created and rotated and counters added through both services as fast as they go, while both
+    followers pulse for 30 s: a leader with a high event rate at the moment of its rollbacks."""
+    leader = run.leader()
+    bursts = [load.EventBurst(svc.endpoint, i) for i, svc in enumerate(run.c.services.values())]
+    for b in bursts:
+        b.start()
+    try:
+        time.sleep(2)
+        _pulsed(run, run.followers(leader), LOAD_S / 2, hi_s=2.5)
+    finally:
+        for b in bursts:
+            b.stop()
+    answers: Counter[str] = Counter()
+    for b in bursts:
+        answers.update(b.answers)
+    run.note(f"event burst answers: {dict(answers)}")
+    run.check("the burst wrote", answers["create OK"] > 0 and answers["rotate OK"] > 0, str(dict(answers)))
+
+
+def load_fuzz_mix(run: Run) -> None:
+    """The mix that stopped the cluster: 100,000 messages to s1, half mutated, a third of the well-formed
+    ones with lifetimes of 2-5 ms, three busy loops beside it; every message answered as promised."""
+    with load.BusyLoops(3):
+        mix = load.FuzzMix(run.c.services["s1"].endpoint, FUZZ_FRAMES, seed=int(time.time()))
+        run.fault("fuzz_mix", frames=FUZZ_FRAMES, seed=mix.seed)
+        mix.start()
+        if not mix.done.wait(FUZZ_MAX_S):
+            mix.stop()
+    run.healed("fuzz_mix_over", sent=mix.sent)
+    run.note(f"fuzz mix: {mix.sent} sent, seed {mix.seed}, answers by transport error {dict(mix.errors)}")
+    run.check("the fuzz mix sent every message", mix.sent == FUZZ_FRAMES, f"{mix.sent} of {FUZZ_FRAMES}")
+    run.check(
+        "every message of the fuzz mix answered exactly as promised",
+        not mix.missing and mix.extra == 0,
+        f"{len(mix.missing)} missing (request ids {mix.missing[:10]}), {mix.extra} extra",
+    )
+
+
+#: the fuzz mix counts every answer: the bad-input throttle (100/s per peer) would drop some, as documented
+NO_THROTTLE = {"SMARTCACHE_BAD_INPUT_PER_PEER_PER_S": "1000000000", "SMARTCACHE_BAD_INPUT_PER_S": "1000000000"}
+
+
 SCENARIOS = [
     Scenario("kill-leader", "kill -9 the leader, restart it later", kill_leader),
     Scenario("kill-follower", "kill -9 a follower, restart it later", kill_follower),
@@ -1127,6 +1214,24 @@ SCENARIOS = [
         Setup(discovery=True),
     ),
     Scenario("clock-jump", "the leader's wall clock jumps +10 min, then back", clock_jump, Setup(faketime=True)),
+    Scenario(
+        "load-starved-followers",
+        "both followers capped at 5 % of a CPU for 30 s, busy loops beside",
+        load_starved_followers,
+    ),
+    Scenario("load-pulses-one", "SIGSTOP/SIGCONT one follower in pulses of 0.3-3 s for 60 s", load_pulses_one),
+    Scenario("load-pulses-both", "pulses of 0.3-3 s on both followers for 60 s, busy loops beside", load_pulses_both),
+    Scenario(
+        "load-event-burst",
+        "sessions created and rotated as fast as they go while both followers pulse",
+        load_event_burst,
+    ),
+    Scenario(
+        "load-fuzz-mix",
+        f"{FUZZ_FRAMES:,} messages, half mutated, some with 2-5 ms lifetimes, three busy loops beside",
+        load_fuzz_mix,
+        Setup(service_env=NO_THROTTLE),
+    ),
     Scenario(
         "make-run-kill-leader",
         "kill -9 the leader of make run's own stack",
