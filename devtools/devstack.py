@@ -13,13 +13,19 @@ in an appended log.
 the simulated backend and the service, in the foreground; Ctrl-C stops them
 all. A child that dies is restarted and the rest keep running, as the Docker
 stack's restart policy does (devtools/supervise.py). Before starting anything
-it checks every port it needs is free and names the variable to change if not
-(a second `make run` next to a running one stops there);
-SMARTCACHE_PORT_OFFSET=N moves every default port by N at once, and
-smartcache-cli's default endpoints with them. A child is ready only when the
-process we started is the one listening on its ports (Linux /proc; psutil
-would do it too, but is not worth a dependency for one function), so another
-program answering on the same port can never pass for it. On a terminal, the
+it checks every port it needs is free, binding as the servers do (SO_REUSEADDR:
+a TIME-WAIT they could bind over does not count), and names the variable to
+change and what holds the port if not (a second `make run` next to a running
+one stops there); SMARTCACHE_PORT_OFFSET=N moves every default port by N at
+once, and smartcache-cli's default endpoints with them. On the data of an
+earlier run (var/), once etcd is up, it starts every shard etcd's bucket map
+names (SMARTCACHE_SHARDS=2 make run, then make run: both shards, as the banner
+says), or stops there in one sentence when it cannot start what var/ holds
+(another shard count asked, instances on other ports): settle_shards. A
+child is ready only when the process we started is the one listening on its
+ports (Linux /proc; psutil would do it too, but is not worth a dependency for
+one function), so another program answering on the same port can never pass
+for it. On a terminal, the
 logs of all of them are shown as they grow, one coloured line each
 (structlog's console renderer).
 """
@@ -41,8 +47,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -63,7 +69,9 @@ POLL_S = 0.05
 TAIL_POLL_S = 0.2
 TAIL_JOIN_TIMEOUT_S = 2.0
 _PR_SET_PDEATHSIG = 1
-_TCP_LISTEN = "0A"  # socket state in /proc/net/tcp
+_TCP_LISTEN = "0A"  # socket states in /proc/net/tcp
+_TCP_TIME_WAIT = "06"
+_TCP_CLOSE = "07"  # bound, neither listening nor connected
 #: make run's ports: variable -> default (SMARTCACHE_PORT_OFFSET is added to each default)
 DEFAULT_PORTS = {
     **{f"SC_PORT_{i}": p for i, p in enumerate(ports.TARANTOOL_PORTS, 1)},
@@ -144,7 +152,16 @@ def free_port() -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a server could bind host:port now (SO_REUSEADDR, as servers set it)."""
+    """Whether a server could bind host:port now: a bind with SO_REUSEADDR, as Tarantool, etcd, ZeroMQ and
+    Python's servers all set it.
+
+    So a port held only by TIME-WAIT sockets that had SO_REUSEADDR (a server's accepted connections, closed
+    by the server first) is free, and one held by a TIME-WAIT socket without it (the local end of an outgoing
+    connection, most often on a port of the ephemeral range) is not: Linux lets a bind pass a TIME-WAIT socket
+    only when both set the flag. Measured here (Linux 6.18, Tarantool 2.6.0): Tarantool's bind fails on the
+    second kind ("failed to bind ... Address already in use") and passes on the first, as this check says
+    (tests/integration/test_devstack.py).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -153,6 +170,30 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+def tcp_states(port: int) -> set[str]:
+    """The states of the TCP sockets whose local port is port (Linux: /proc/net/tcp*, this network namespace)."""
+    states = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                f = row.split()
+                if int(f[1].rsplit(":", 1)[1], 16) == port:
+                    states.add(f[3])
+    return states
+
+
+def port_holders(port: int) -> str:
+    """What holds a port that port_is_free finds taken, in words."""
+    states = tcp_states(port)
+    if _TCP_LISTEN in states:
+        return "a listening socket, another make run?"
+    if states - {_TCP_TIME_WAIT, _TCP_CLOSE}:
+        return "the local end of a connection"
+    if _TCP_TIME_WAIT in states:
+        return "TIME-WAIT sockets of closed connections that did not set SO_REUSEADDR (outgoing ones), gone within 60 s"
+    return "a socket bound to it" if states else "a socket /proc/net/tcp does not show (gone since?)"
 
 
 def listens(pid: int, port: int) -> bool:
@@ -369,6 +410,8 @@ class Plan:
     events_listen: str = ""
     #: SMARTCACHE_SHARDS: one replica set (the default), or that many, sharded by client
     shards: int = 1
+    #: whether SMARTCACHE_SHARDS said so (unset: as many as var/'s etcd records, settle_shards)
+    shards_given: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Plan:
@@ -398,22 +441,24 @@ class Plan:
         events_port = events.rpartition(":")[2] if events.startswith("tcp://") else ""
         if events_port.isdigit() and int(events_port) > 0:
             ports["SMARTCACHE_EVENTS_LISTEN"] = int(events_port)
-        raw_shards = env.get(SHARDS_VARIABLE, "").strip() or "1"
-        shards = int(raw_shards) if raw_shards.isdigit() else 0
+        raw_shards = env.get(SHARDS_VARIABLE, "").strip()  # unset: as many as var/ holds (settle_shards), or one
+        shards = int(raw_shards or "1") if (raw_shards or "1").isdigit() else 0
         if not 1 <= shards <= MAX_SHARDS:
             errors.append(f"{SHARDS_VARIABLE}={raw_shards!r} must be 1..{MAX_SHARDS}")
             shards = 1
-        for k in range(2, shards + 1):  # the other shards' trios: 10 above the first's ports for each
-            for i in (1, 2, 3):
-                for name in (f"SC_PORT_{i}", f"SC_HTTP_PORT_{i}"):
-                    moved = ports.get(name, 0) + SHARD_PORT_STEP * (k - 1)
-                    if name in ports and moved > 65535:
-                        errors.append(f"{name}={ports[name]}: shard s{k}'s instance would need port {moved}")
-                    elif name in ports:
-                        ports[f"{name} (shard s{k})"] = moved
+        ports, moved_errors = _with_shard_ports(ports, shards)
+        errors += moved_errors
         if errors:
             raise BadEnvironment("; ".join(errors))
-        return cls(Path(env.get("SMARTCACHE_VAR") or ROOT / "var"), ports, listen, listen_port, events, shards)
+        base = Path(env.get("SMARTCACHE_VAR") or ROOT / "var")
+        return cls(base, ports, listen, listen_port, events, shards, shards_given=bool(raw_shards))
+
+    def with_shards(self, shards: int) -> Plan:
+        """This plan with that many shards (each one's ports 10 above the one before), as SMARTCACHE_SHARDS=N."""
+        ports, errors = _with_shard_ports(self.ports, shards)
+        if errors:
+            raise BadEnvironment("; ".join(errors))
+        return replace(self, ports=ports, shards=shards)
 
     def shard_names(self) -> list[str]:
         return [f"s{k}" for k in range(1, self.shards + 1)]
@@ -422,25 +467,62 @@ class Plan:
         """An instance port of shard k (1: the first trio's own)."""
         return self.ports[name] if shard == 1 else self.ports[f"{name} (shard s{shard})"]
 
+    def addresses(self, shard: int) -> list[str]:
+        """The iproto addresses of shard k's three instances (what its topology names)."""
+        return [f"127.0.0.1:{self.port(f'SC_PORT_{i}', shard)}" for i in (1, 2, 3)]
+
     @property
     def etcd_urls(self) -> list[str]:
         """The three etcd members' client URLs (SC_ETCD, SMARTCACHE_ETCD)."""
         return [f"http://127.0.0.1:{self.ports[f'ETCD_PORT_{i}']}" for i in (1, 2, 3)]
 
-    def check_ports(self) -> None:
-        """Every port distinct and free now, or BadEnvironment naming each variable to change."""
+    def check_ports(self, only: Collection[str] | None = None) -> None:
+        """Every port distinct and free now (of those named in only, if given), or BadEnvironment naming each
+        variable to change, what holds its port and, for a port in the ephemeral range, the offsets below it."""
         by_port: dict[int, list[str]] = {}
         for name, port in self.ports.items():
             by_port.setdefault(port, []).append(name)
         shared = [f"{' and '.join(names)} share port {port}" for port, names in by_port.items() if len(names) > 1]
         if shared:
             raise BadEnvironment(f"{'; '.join(shared)}: give each its own port")
-        taken = [f"{port} ({names[0]})" for port, names in by_port.items() if not port_is_free(port)]
-        if taken:
-            raise BadEnvironment(
-                f"port {', '.join(taken)} already in use (another make run?): set each variable named to a free"
-                f" port, or move them all with {PORT_OFFSET_VARIABLE}=N"
-            )
+        taken = {
+            port: names[0]
+            for port, names in by_port.items()
+            if (only is None or names[0] in only) and not port_is_free(port)
+        }
+        if not taken:
+            return
+        low, high = ephemeral_range()
+        in_range = [str(p) for p in taken if low <= p <= high]
+        highest_offset = low - 1 - max(*DEFAULT_PORTS.values(), DEFAULT_LISTEN_PORT, DEFAULT_EVENTS_PORT)
+        why = (
+            f"; {', '.join(in_range)} {'lies' if len(in_range) == 1 else 'lie'} in the kernel's ephemeral range"
+            f" {low}-{high}, whose ports any outgoing connection may take: {PORT_OFFSET_VARIABLE} up to"
+            f" {highest_offset} keeps every port below it"
+            if in_range and highest_offset >= 0
+            else ""
+        )
+        raise BadEnvironment(
+            f"port {', '.join(f'{p} ({name})' for p, name in taken.items())} already in use"
+            f" ({'; '.join(f'{p}: {port_holders(p)}' for p in taken)}): set each variable named to a free port,"
+            f" or move them all with {PORT_OFFSET_VARIABLE}=N{why}"
+        )
+
+
+def _with_shard_ports(ports: dict[str, int], shards: int) -> tuple[dict[str, int], list[str]]:
+    """ports with the instance ports of shards 2..N (SHARD_PORT_STEP above the shard before each), and the
+    errors of those that would pass 65535."""
+    out = {name: port for name, port in ports.items() if " (shard s" not in name}
+    errors = []
+    for k in range(2, shards + 1):
+        for i in (1, 2, 3):
+            for name in (f"SC_PORT_{i}", f"SC_HTTP_PORT_{i}"):
+                moved = out.get(name, 0) + SHARD_PORT_STEP * (k - 1)
+                if name in out and moved > 65535:
+                    errors.append(f"{name}={out[name]}: shard s{k}'s instance would need port {moved}")
+                elif name in out:
+                    out[f"{name} (shard s{k})"] = moved
+    return out, errors
 
 
 def _banner(lines: list[tuple[str, str]], out: TextIO) -> None:
@@ -503,21 +585,34 @@ def _console(plan: Plan, first: list[Tarantool], metrics_url: str) -> Child:
     )  # fmt: skip
 
 
-def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
-    from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling; devtools imports this module
+def _start(these: Sequence[Child], children: list[Child], tail: LogTail | None) -> None:
+    """Start each in turn, add it to children (stopped in reverse), and follow its log on a terminal."""
+    for child in these:
+        child.start()
+        children.append(child)
+        if tail is not None:
+            tail.follow(child)
 
-    p = plan.ports
-    etcd = EtcdCluster.create(
-        plan.base,
-        client_ports=[p[f"ETCD_PORT_{i}"] for i in (1, 2, 3)],
-        peer_ports=[p[f"ETCD_PEER_PORT_{i}"] for i in (1, 2, 3)],
-        lifetime_s=ETCD_LIFETIME_S,
-    )
+
+def _settled(plan: Plan, say: Callable[[str], None]) -> tuple[Plan, str | None] | None:
+    """The plan for what var/'s etcd holds (settle_shards) with its extra shards' ports checked free, and the
+    banner's line on it; None when make run cannot start on it (said why)."""
+    try:
+        settled, said = settle_shards(plan, read_recorded(plan.etcd_urls))
+        settled.check_ports(only=[name for name in settled.ports if name not in plan.ports])
+    except BadEnvironment as e:
+        say(str(e))
+        return None
+    return settled, said
+
+
+def _trios(plan: Plan, etcd_url: str) -> dict[str, list[Tarantool]]:
+    """Each shard's three Tarantool instances. One replica set: make-run, tarantool-1..3, as always; sharded:
+    make-run.s1, tarantool-s1-1..."""
     trios: dict[str, list[Tarantool]] = {}
     for k, shard in enumerate(plan.shard_names(), 1):
-        # One replica set: make-run, tarantool-1..3, as always. Sharded: make-run.s1, tarantool-s1-1...
         cluster = CLUSTER if plan.shards == 1 else f"{CLUSTER}.{shard}"
-        ha = {"SC_ETCD": etcd.url, "SC_CLUSTER": cluster, "SC_CLUSTER_SIZE": str(len(INSTANCES))}
+        ha = {"SC_ETCD": etcd_url, "SC_CLUSTER": cluster, "SC_CLUSTER_SIZE": str(len(INSTANCES))}
         trios[shard] = [
             Tarantool.create(
                 name if plan.shards == 1 else name.replace("tarantool-", f"tarantool-{shard}-"),
@@ -528,7 +623,19 @@ def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
             )
             for i, name in enumerate(INSTANCES, 1)
         ]
-    instances = [t for trio in trios.values() for t in trio]
+    return trios
+
+
+def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
+    from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling; devtools imports this module
+
+    p = plan.ports
+    etcd = EtcdCluster.create(
+        plan.base,
+        client_ports=[p[f"ETCD_PORT_{i}"] for i in (1, 2, 3)],
+        peer_ports=[p[f"ETCD_PEER_PORT_{i}"] for i in (1, 2, 3)],
+        lifetime_s=ETCD_LIFETIME_S,
+    )
     backend = Child(
         name="backend",
         argv=[sys.executable, "-m", "loadtest.backend", "--port", str(p["BACKEND_PORT"])],
@@ -542,18 +649,20 @@ def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
         env=service_env,
     )
     metrics_url = f"http://127.0.0.1:{p['SMARTCACHE_METRICS_PORT']}"
-    console = _console(plan, trios[plan.shard_names()[0]], metrics_url)
     tail = LogTail(sys.stdout).start() if sys.stdout.isatty() else None
     say = _say(tail)
     children: list[Child] = []
     try:
-        for child in (*etcd.members, *instances, backend, service, console):
-            child.start()
-            children.append(child)
-            if tail is not None:
-                tail.follow(child)
-            if child is etcd.members[-1]:
-                etcd.wait_ready(stop=stop)
+        _start(etcd.members, children, tail)
+        etcd.wait_ready(stop=stop)
+        settled = _settled(plan, say)  # the shards var/ holds decide what starts: every one, or none and why
+        if settled is None:
+            return 1
+        plan, shards_said = settled
+        trios = _trios(plan, etcd.url)
+        instances = [t for trio in trios.values() for t in trio]
+        console = _console(plan, trios[plan.shard_names()[0]], metrics_url)
+        _start([*instances, backend, service, console], children, tail)
         leaders = {shard: wait_cluster_formed(trio, stop) for shard, trio in trios.items()}
         for shard, trio in trios.items():
             say(seed_topology(trio, plan.etcd_urls, CLUSTER if plan.shards == 1 else f"{CLUSTER}.{shard}"))
@@ -583,6 +692,11 @@ def _run(plan: Plan, service_env: dict[str, str], stop: Signals) -> int:
                 for m in etcd.members
             ),
             ("SC_ETCD (who leads)", etcd.url),
+            *(
+                [("shards", shards_said or f"{', '.join(plan.shard_names())} ({SHARDS_VARIABLE}={plan.shards})")]
+                if plan.shards > 1
+                else []
+            ),
             ("cluster", ".venv/bin/smartcache-cli cluster status"),
             ("operator console", f"http://127.0.0.1:{p['SMARTCACHE_CONSOLE_PORT']}/  log {console.log_path}"),
             ("simulated backend", f"http://127.0.0.1:{p['BACKEND_PORT']}  log {backend.log_path}"),
@@ -671,6 +785,97 @@ def wait_cluster_formed(instances: list[Tarantool], stop: Stop) -> Tarantool:
 
     instances[0].wait_until("a leader elected by etcd, followed by the others", formed, READY_TIMEOUT_S, stop)
     return elected[0]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What etcd (its data is in var/) holds of make run's cluster from an earlier run."""
+
+    #: the shards the bucket map names, in its order; () when there is none (one replica set, make-run)
+    shards: tuple[str, ...]
+    #: each shard's (or the one replica set's, under "") members as its topology names them; None: no topology
+    members: dict[str, tuple[str, ...] | None]
+
+    def describe(self) -> str:
+        if not self.shards:
+            return "the topology of one replica set (no shards)"
+        n = len(self.shards)
+        return f"a topology of {n} shard{'s' if n > 1 else ''} (etcd's bucket map names {', '.join(self.shards)})"
+
+
+#: how long make run waits for etcd's answer when it reads what var/ holds
+RECORDED_READ_S = 5.0
+
+
+def read_recorded(etcd_urls: list[str]) -> Recorded | None:
+    """The bucket map and topologies an earlier make run left in etcd (None: nothing, a new var/)."""
+    from smartcache.cli import etcd  # noqa: PLC0415 - needs the server extra, as make run does
+    from smartcache.wire import topology  # noqa: PLC0415 - as above, beside it
+
+    def members(cluster: str) -> tuple[str, ...] | None:
+        found = etcd.read(etcd_urls, topology.topology_key(cluster), RECORDED_READ_S)
+        try:
+            return tuple(m.address for m in topology.parse(found[0][1]).members) if found else None
+        except ValueError:
+            return None  # unreadable: nothing to compare with (the instances say what is wrong with it)
+
+    try:
+        found = etcd.read(etcd_urls, topology.buckets_key(CLUSTER), RECORDED_READ_S)
+        if found:
+            doc = json.loads(found[0][1])
+            shards = tuple(str(s) for s in doc.get("shards") or ()) if isinstance(doc, dict) else ()
+            return Recorded(shards, {s: members(topology.shard_cluster(CLUSTER, s)) for s in shards})
+        one = members(CLUSTER)
+    except etcd.EtcdUnavailable as e:
+        raise NotReady(f"etcd did not say what var/ holds: {e}") from e
+    return None if one is None else Recorded((), {"": one})
+
+
+def settle_shards(plan: Plan, recorded: Recorded | None) -> tuple[Plan, str | None]:
+    """The plan to run on what var/ holds, and a line for the banner saying so (None: nothing to say).
+
+    Without SMARTCACHE_SHARDS, make run starts every shard the bucket map names (s1..sN, N <= MAX_SHARDS, each
+    on its usual ports): a shard left out leaves the clients of its buckets with no storage (issue 35: half of
+    them answered STORAGE_UNAVAILABLE; here the service was never ready, no /health/ready in 30 s). A shard
+    count that differs from the one var/ holds, shards make run cannot start, or a topology whose instances are
+    all on other ports than this make run's: BadEnvironment, one sentence saying how to go on.
+    """
+    if recorded is None:
+        return plan, None
+    n = max(1, len(recorded.shards))
+    again = (
+        f"run `{SHARDS_VARIABLE}={n} make run`, or `make reset-data` to start over"
+        if recorded.shards
+        else f"run `make run` without {SHARDS_VARIABLE}, or `make reset-data` to start over"
+    )
+    held = f"{plan.base} holds {recorded.describe()}"
+    if not recorded.shards:
+        if plan.shards > 1:
+            raise BadEnvironment(f"{held}, which {SHARDS_VARIABLE}={plan.shards} would leave out of reach: {again}")
+        wanted = plan
+    elif list(recorded.shards) != [f"s{k}" for k in range(1, n + 1)] or not 2 <= n <= MAX_SHARDS:
+        raise BadEnvironment(
+            f"{held}, which make run cannot start (it starts 2..{MAX_SHARDS} shards named s1, s2...):"
+            " start them as they were started (docs/sharding.md), or `make reset-data` to start over"
+        )
+    elif plan.shards_given and plan.shards != n:
+        raise BadEnvironment(f"{held}, not the {plan.shards} {SHARDS_VARIABLE}={plan.shards} asks for: {again}")
+    else:
+        wanted = plan.with_shards(n)
+    for k, name in enumerate(recorded.shards or ("",), 1):
+        members = recorded.members.get(name)
+        if members is not None and not set(members) & set(wanted.addresses(k)):
+            raise BadEnvironment(
+                f"{held}, whose {name or 'instances'} {'are' if not name else 'is'} on {', '.join(members)}, not on"
+                f" this make run's {', '.join(wanted.addresses(k))}: run it with the ports it was made with"
+                f" (the same {PORT_OFFSET_VARIABLE}), or `make reset-data` to start over"
+            )
+    if not recorded.shards or plan.shards_given:
+        return wanted, None
+    return wanted, (
+        f"{', '.join(wanted.shard_names())}, the {n} that {plan.base} holds (etcd's bucket map): without"
+        f" {SHARDS_VARIABLE} make run starts them all; `make reset-data` starts over with one replica set"
+    )
 
 
 def seed_shards(shards: list[str], etcd_urls: list[str]) -> str:

@@ -1,5 +1,6 @@
 """`make run`: the whole stack starts, serves, shows its logs and stops cleanly on Ctrl-C (SIGINT);
-it refuses to start next to another one, naming the variable to change."""
+it refuses to start next to another one, naming the variable to change and what holds the port (a port
+held only by TIME-WAIT sockets the servers can bind over is free), and starts what var/ holds or says why not."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import pty
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,9 +29,14 @@ from devtools.devstack import (
     BadEnvironment,
     LogTail,
     Plan,
+    Recorded,
+    ephemeral_range,
     free_port,
     listens,
+    port_holders,
     port_is_free,
+    settle_shards,
+    tcp_states,
 )
 from tests.helpers import eventually
 
@@ -280,3 +287,150 @@ def test_the_tail_renders_our_json_tarantool_json_and_plain_lines() -> None:
     assert "ready" in tarantool
     assert "fiber_id" not in tarantool
     assert tail.render("Traceback (most recent call last):") == "Traceback (most recent call last):"
+
+
+def _time_wait(port: int, *, server_side: bool) -> None:
+    """Leave only a TIME-WAIT socket on 127.0.0.1:port: a server's accepted connection, closed by the server
+    first (its listener set SO_REUSEADDR, as Tarantool, etcd and ZeroMQ do), or an outgoing connection's
+    local end, closed by the client first (no SO_REUSEADDR, as most clients)."""
+    with socket.socket() as listener:
+        if server_side:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port if server_side else free_port()))
+        listener.listen()
+        client = socket.socket()
+        if not server_side:
+            client.bind(("127.0.0.1", port))
+        client.connect(listener.getsockname())
+        accepted, _ = listener.accept()
+    first, last = (accepted, client) if server_side else (client, accepted)
+    first.close()  # who closes first holds the TIME-WAIT
+    peer = last.getsockname()[1]
+    eventually(lambda: "08" in tcp_states(peer), 5, what="the first FIN received (CLOSE-WAIT)")
+    last.close()
+    eventually(lambda: tcp_states(port) == {"06"}, 5, what=f"only TIME-WAIT on {port}")
+
+
+def _tarantool_binds(port: int, work_dir: Path) -> bool:
+    """Whether a Tarantool (make run's storage) can listen on port: it binds and exits at once."""
+    lua = f"box.cfg{{listen = '127.0.0.1:{port}', work_dir = '{work_dir}', log_level = 1}} os.exit(0)"
+    done = subprocess.run(
+        [shutil.which("tarantool") or "tarantool", "-e", lua],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=work_dir,
+        check=False,
+    )
+    assert done.returncode == 0 or "Address already in use" in done.stdout + done.stderr, done
+    return done.returncode == 0
+
+
+def test_a_port_held_only_by_a_servers_time_wait_is_free_and_a_listener_on_it_is_not(tmp_path: Path) -> None:
+    port = free_port()
+    _time_wait(port, server_side=True)
+    assert port_is_free(port)
+    assert _tarantool_binds(port, tmp_path)  # the check says what the servers find
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        assert not port_is_free(port)
+        assert port_holders(port) == "a listening socket, another make run?"
+    assert tcp_states(port) == {"06"}  # the TIME-WAIT was there all along
+
+
+def test_a_port_held_by_an_outgoing_connections_time_wait_is_taken_for_tarantool_too(tmp_path: Path) -> None:
+    """Linux lets a bind pass a TIME-WAIT socket only if both set SO_REUSEADDR: a client's did not."""
+    port = free_port()
+    _time_wait(port, server_side=False)
+    assert not port_is_free(port)
+    assert not _tarantool_binds(port, tmp_path)
+    with pytest.raises(BadEnvironment) as refused:
+        Plan.from_env({"BACKEND_PORT": str(port)}).check_ports(only=["BACKEND_PORT"])
+    assert str(refused.value).startswith(
+        f"port {port} (BACKEND_PORT) already in use ({port}: TIME-WAIT sockets of closed connections that did not"
+        " set SO_REUSEADDR (outgoing ones), gone within 60 s): set each variable named to a free port"
+    )
+
+
+def test_a_taken_port_in_the_ephemeral_range_is_refused_naming_the_offsets_below_the_range() -> None:
+    low, high = ephemeral_range()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # a port of the kernel's choosing: one of the ephemeral range
+        s.listen()
+        port = s.getsockname()[1]
+        assert low <= port <= high
+        with pytest.raises(BadEnvironment) as refused:
+            Plan.from_env({"BACKEND_PORT": str(port)}).check_ports(only=["BACKEND_PORT"])
+    highest_offset = low - 1 - max(*DEFAULT_PORTS.values(), DEFAULT_LISTEN_PORT, DEFAULT_EVENTS_PORT)
+    assert str(refused.value) == (
+        f"port {port} (BACKEND_PORT) already in use ({port}: a listening socket, another make run?): set each"
+        " variable named to a free port, or move them all with SMARTCACHE_PORT_OFFSET=N;"
+        f" {port} lies in the kernel's ephemeral range {low}-{high}, whose ports any outgoing connection may"
+        f" take: SMARTCACHE_PORT_OFFSET up to {highest_offset} keeps every port below it"
+    )
+
+
+def _recorded(*shards: str, offset: int = 0) -> Recorded:
+    """What etcd holds after a make run of these shards (none: one replica set) on that offset."""
+    plan = Plan.from_env({"SMARTCACHE_PORT_OFFSET": str(offset), "SMARTCACHE_SHARDS": str(max(1, len(shards)))})
+    if not shards:
+        return Recorded((), {"": tuple(plan.addresses(1))})
+    return Recorded(shards, {s: tuple(plan.addresses(k)) for k, s in enumerate(shards, 1)})
+
+
+@pytest.mark.parametrize(
+    ("env", "recorded", "said"),
+    [
+        ({}, None, 1),  # a new var/: one replica set, or what SMARTCACHE_SHARDS asks
+        ({"SMARTCACHE_SHARDS": "2"}, None, 2),
+        ({}, _recorded(), 1),
+        ({}, _recorded("s1", "s2"), 2),  # every shard var/ holds, without being asked
+        ({}, _recorded("s1", "s2", "s3"), 3),
+        ({"SMARTCACHE_SHARDS": "2"}, _recorded("s1", "s2"), 2),
+        (
+            {"SMARTCACHE_SHARDS": "1"},
+            _recorded("s1", "s2"),
+            "holds a topology of 2 shards (etcd's bucket map names s1, s2), not the 1 SMARTCACHE_SHARDS=1 asks for:"
+            " run `SMARTCACHE_SHARDS=2 make run`, or `make reset-data` to start over",
+        ),
+        ({"SMARTCACHE_SHARDS": "3"}, _recorded("s1", "s2"), "not the 3 SMARTCACHE_SHARDS=3 asks for"),
+        (
+            {"SMARTCACHE_SHARDS": "2"},
+            _recorded(),
+            "holds the topology of one replica set (no shards), which SMARTCACHE_SHARDS=2 would leave out of reach:"
+            " run `make run` without SMARTCACHE_SHARDS, or `make reset-data` to start over",
+        ),
+        ({}, _recorded("s1", "s3"), "which make run cannot start (it starts 2..3 shards named s1, s2...)"),
+        ({}, _recorded("s1"), "which make run cannot start"),
+        ({}, _recorded("s1", "s2", offset=1000), "whose s1 is on 127.0.0.1:4301, 127.0.0.1:4302, 127.0.0.1:4303, not"),
+        ({"SMARTCACHE_PORT_OFFSET": "1000"}, _recorded(), "whose instances are on 127.0.0.1:3301"),
+    ],
+)
+def test_make_run_starts_what_var_holds_or_says_how_to_go_on(
+    env: dict[str, str], recorded: Recorded | None, said: int | str
+) -> None:
+    plan = Plan.from_env({**env, "SMARTCACHE_VAR": "/v"})
+    if isinstance(said, int):
+        assert settle_shards(plan, recorded)[0].shards == said
+        return
+    with pytest.raises(BadEnvironment) as refused:
+        settle_shards(plan, recorded)
+    assert str(refused.value).startswith("/v holds ")
+    assert said in str(refused.value)
+
+
+def test_a_shard_whose_topology_gained_or_lost_a_member_is_still_started() -> None:
+    """A member added or removed with smartcache-cli cluster add|remove: the trio's ports still match."""
+    plan = Plan.from_env({"SMARTCACHE_VAR": "/v"})
+    s1, s2 = plan.with_shards(2).addresses(1), plan.with_shards(2).addresses(2)
+    recorded = Recorded(("s1", "s2"), {"s1": (*s1, "127.0.0.1:4999"), "s2": tuple(s2[:2])})
+    settled, banner = settle_shards(plan, recorded)
+    assert settled.shards == 2
+    assert settled.addresses(2) == s2
+    assert banner == (
+        "s1, s2, the 2 that /v holds (etcd's bucket map): without SMARTCACHE_SHARDS make run starts them all;"
+        " `make reset-data` starts over with one replica set"
+    )

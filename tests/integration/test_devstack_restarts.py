@@ -1,6 +1,7 @@
 """`make run` survives what it promises to: kill -9 of the Tarantool leader (a failover; the old leader is
-restarted and follows), kill -9 of an etcd member (restarted, the cluster whole again), and Ctrl-C at any
-moment of start-up or of steady state leaves no child behind."""
+restarted and follows), kill -9 of an etcd member (restarted, the cluster whole again), Ctrl-C at any
+moment of start-up or of steady state leaves no child behind, and a make run on the var/ of a two-shard one
+starts both shards (or refuses a shard count that is not the one var/ holds, in one sentence)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from devtools.devstack import (
     listens,
     port_is_free,
 )
+from smartcache.wire.buckets import bucket_of
 from tests.helpers import eventually
 
 START_TIMEOUT_S = 90.0
@@ -94,6 +96,8 @@ class MakeRun:
     var: Path
     #: more of make run's variables (SMARTCACHE_SHARDS=2: two trios, sharded)
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: the environment of an earlier MakeRun to start on again (its offset); None: a new free offset
+    base_env: dict[str, str] | None = None
     env: dict[str, str] = field(init=False)
     offset: int = field(init=False)
     proc: subprocess.Popen[bytes] = field(init=False)
@@ -102,7 +106,10 @@ class MakeRun:
 
     def __post_init__(self) -> None:
         self.var.mkdir(parents=True, exist_ok=True)
-        self.env, self.offset = _moved_env(self.var)
+        if self.base_env is None:
+            self.env, self.offset = _moved_env(self.var)
+        else:
+            self.env, self.offset = dict(self.base_env), int(self.base_env["SMARTCACHE_PORT_OFFSET"])
         self.env.update(self.extra_env)
         with (self.var / "out.txt").open("wb") as out, (self.var / "err.txt").open("wb") as err:
             self.proc = subprocess.Popen(
@@ -255,3 +262,65 @@ def test_ctrl_c_at_any_moment_of_start_up_or_steady_state_leaves_no_child(tmp_pa
         assert not left, f"children left after Ctrl-C: {left}\n{run.err}"
     finally:
         run.close()
+
+
+def _client_of(shard: str, ranges: list[list[Any]]) -> str:
+    """A client id whose bucket the map gives to shard."""
+    count = ranges[-1][1] + 1
+    for n in range(10_000):
+        client = f"client-{shard}-{n}"
+        b = bucket_of(client, count)
+        if any(first <= b <= last and owner == shard for first, last, owner in ranges):
+            return client
+    raise AssertionError(f"no client of {shard} in {ranges}")
+
+
+def _exits(run: MakeRun, timeout_s: float = 60) -> int:
+    """make run's exit code once it stopped by itself; every process it had gone by then."""
+    try:
+        code = run.proc.wait(timeout_s)
+    finally:
+        run._stop.set()
+    assert not [p for p in run.seen if _alive(p)], f"a child outlived make run:\n{run.err}"
+    return code
+
+
+def test_make_run_on_the_var_of_a_two_shard_run_starts_both_shards_and_refuses_one(tmp_path: Path) -> None:
+    """SMARTCACHE_SHARDS=2 make run, Ctrl-C, then make run on the same var/: both shards start, their sessions
+    kept and writable; SMARTCACHE_SHARDS=1 on it is refused in one sentence, before any Tarantool starts."""
+    started = time.monotonic()
+    first = MakeRun(tmp_path, extra_env={"SMARTCACHE_SHARDS": "2"})
+    try:
+        first.wait_ready()
+        ranges = first.status()["buckets"]["ranges"]
+        clients = {shard: _client_of(shard, ranges) for shard in ("s1", "s2")}
+        kept = {s: first.cli("session-create", c)["session_id"] for s, c in clients.items()}
+        assert first.ctrl_c() == 0, first.err
+    finally:
+        first.close()
+    env = {k: v for k, v in first.env.items() if k != "SMARTCACHE_SHARDS"}
+
+    one = MakeRun(tmp_path, base_env=env, extra_env={"SMARTCACHE_SHARDS": "1"})
+    try:
+        assert _exits(one) == 1, one.err
+        (said,) = one.err.splitlines()
+        assert said == (
+            f"make run: {tmp_path} holds a topology of 2 shards (etcd's bucket map names s1, s2), not the 1"
+            " SMARTCACHE_SHARDS=1 asks for: run `SMARTCACHE_SHARDS=2 make run`, or `make reset-data` to start over"
+        )
+        assert not any(listens(p, first.port("SC_PORT_1")) for p in one.seen)
+    finally:
+        one.close()
+
+    again = MakeRun(tmp_path, base_env=env)
+    try:
+        again.wait_ready()
+        assert f"s1, s2, the 2 that {tmp_path} holds (etcd's bucket map)" in again.out  # the banner says why
+        for shard, client in clients.items():
+            assert again.cli("session-get", kept[shard])["status"] == "OK", shard  # kept on its shard
+            assert again.cli("session-create", client)["status"] == "OK", shard  # and writable
+        assert again.status()["healthy"]
+        assert again.ctrl_c() == 0, again.err
+    finally:
+        again.close()
+    print(f"two runs and a refusal in {time.monotonic() - started:.1f} s")  # the number, with -s
