@@ -7,6 +7,8 @@ and a client that sends garbage beside its real requests. Each row's timeline us
   stopped by its PID: the noisy neighbours of a two-core machine.
 * ``CpuQuota``: a cgroup (v1 ``cpu``) that caps the processes put in it at a share of one CPU
   (``cpu.cfs_quota_us``); a starved follower acknowledges late, in bursts.
+* ``WalStalls``: the leader's WAL thread alone frozen (a cgroup v1 ``freezer`` holding that one
+  thread) in pulses: a disk that stalls, while the instance's other threads run on.
 * ``pulses``: SIGSTOP/SIGCONT of followers, 0.3-3 s each, repeated: acknowledgements delayed around
   the synchronous timeout, on one follower or on both.
 * ``EventBurst``: sessions created and rotated, counters added, as fast as they go: a leader whose
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 #: a busy loop ends by itself after this (a row stops it long before)
 BUSY_LIFETIME_S = 600
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+CGROUP_FREEZER = Path("/sys/fs/cgroup/freezer")
 CFS_PERIOD_US = 100_000
 #: an observer's digest call may scan every space: give it time
 DIGEST_TIMEOUT_S = 10.0
@@ -107,6 +110,68 @@ class CpuQuota:
         for pid in self.pids:
             with contextlib.suppress(OSError):
                 (CGROUP_CPU / "cgroup.procs").write_text(str(pid))
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def thread_of(pid: int, name: str) -> int | None:
+    """The id of pid's thread named name (Tarantool names its WAL writer "wal"), or None."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "comm").read_text().strip() == name:
+                return int(task.name)
+    return None
+
+
+class WalStalls:
+    """Pulses of a frozen WAL thread: one thread of the process in a freezer cgroup of its own, FROZEN
+    for lo_s..hi_s at a time. Writes queue in the WAL, the transaction thread, replication and the
+    failover loops run on: a disk that stalls, as a slow or overloaded one does."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.path = CGROUP_FREEZER / f"smartcache-faults-{uuid.uuid4().hex[:8]}"
+        self.tid: int | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return (CGROUP_FREEZER / "tasks").exists() and os.access(CGROUP_FREEZER, os.W_OK)
+
+    def __enter__(self) -> WalStalls:
+        self.tid = thread_of(self.pid, "wal")
+        if self.tid is None:
+            raise RuntimeError(f"no thread named wal in process {self.pid}")
+        self.path.mkdir()
+        (self.path / "tasks").write_text(str(self.tid))
+        return self
+
+    def _state(self, state: str) -> None:
+        (self.path / "freezer.state").write_text(state)
+
+    def run(self, seconds: float, *, lo_s: float = 0.1, hi_s: float = 1.5, seed: int = 0) -> list[float]:
+        """Stall pulses for seconds, a pause of 0.2..1 s between; the stall lengths."""
+        rng, done, end = random.Random(seed), [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            d = rng.uniform(lo_s, hi_s)
+            self._state("FROZEN")
+            try:
+                time.sleep(d)
+            finally:
+                self._state("THAWED")
+            done.append(round(d, 2))
+            time.sleep(rng.uniform(0.2, 1.0))
+        return done
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):
+            self._state("THAWED")
+        if self.tid is not None:
+            with contextlib.suppress(OSError):
+                (CGROUP_FREEZER / "tasks").write_text(str(self.tid))
         for _ in range(50):
             try:
                 self.path.rmdir()

@@ -1112,6 +1112,19 @@ def load_pulses_both(run: Run) -> None:
         _pulsed(run, run.followers(leader), LOAD_S)
 
 
+def load_slow_leader_disk(run: Run) -> None:
+    """The leader's disk stalls: its WAL thread frozen for 0.1-1.5 s at a time (longer than the synchronous
+    timeout now and then) for a minute, two busy loops beside."""
+    leader = run.leader()
+    if not run.check("cgroup v1 freezer writable (WAL stalls)", load.WalStalls.available()):
+        return
+    with load.BusyLoops(2), load.WalStalls(run.c.nodes[leader].child.pid) as stalls:
+        run.fault("wal_stalls", node=leader)
+        done = stalls.run(LOAD_S, seed=len(run.ops()))
+    run.note(f"{len(done)} WAL stalls of {leader}: {sorted(done)}")
+    run.healed("wal_stalls_over", stalls=len(done))
+
+
 def load_event_burst(run: Run) -> None:
     """Sessions created and rotated and counters added through both services as fast as they go, while both
     followers pulse for 30 s: a leader with a high event rate at the moment of its rollbacks."""
@@ -1221,6 +1234,11 @@ SCENARIOS = [
     ),
     Scenario("load-pulses-one", "SIGSTOP/SIGCONT one follower in pulses of 0.3-3 s for 60 s", load_pulses_one),
     Scenario("load-pulses-both", "pulses of 0.3-3 s on both followers for 60 s, busy loops beside", load_pulses_both),
+    Scenario(
+        "load-slow-leader-disk",
+        "the leader's WAL thread frozen for 0.1-1.5 s at a time for 60 s (a stalling disk), busy loops beside",
+        load_slow_leader_disk,
+    ),
     Scenario(
         "load-event-burst",
         "sessions created and rotated as fast as they go while both followers pulse",
