@@ -2,8 +2,9 @@
 
 * **set** — SESSION_CREATE of new sessions (ids chosen here): at the end every
   acknowledged one must exist.
-* **register** — read-modify-write of a few hot sessions: SESSION_GET, then
-  SESSION_UPDATE with ``expected_rev`` and ``data = {"log": the log read + [this
+* **register** — read-modify-write of a few hot sessions: SESSION_GET (its
+  result: the rev and the log's last element), then SESSION_UPDATE with
+  ``expected_rev`` (kept in ``meta``) and ``data = {"log": the log read + [this
   op's id]}``. The final session's log is the whole chain of applied updates in
   order (Jepsen's list-append on one key), so an acknowledged update must be in
   it at the position its new revision says, and a failed one must not be.
@@ -150,12 +151,13 @@ class RegisterWorker(Worker):
         if got is None or got.status != "OK" or not isinstance(got.body.get("data"), dict):
             self.settle(read, got)
             return
-        read.result = got.body["rev"]
+        log = got.body["data"]["log"]
+        read.result = (got.body["rev"], log[-1] if log else None)  # what the linearizability check reads
         self.settle(read, got)
         op_id = self.index * 1_000_000 + next(self.seq)
         op = self.op("register", sid, op_id)
-        log = got.body["data"]["log"]
         op.meta["prev"] = log[-1] if log else None
+        op.meta["expected_rev"] = got.body["rev"]
         body = {"data": {"log": [*log, op_id]}, "expected_rev": got.body["rev"]}
         reply = self.perform(client, op, "SESSION_UPDATE", body, session_id=uuid.UUID(sid))
         if reply is not None:

@@ -9,6 +9,11 @@ from typing import Any
 
 import pytest
 
+from tests.faults import linear
+from tests.faults.history import FAIL, OK
+from tests.faults.history import UNKNOWN as OUTCOME_UNKNOWN
+from tests.faults.history import Op as FaultOp
+from tests.faults.linear import check_linearizable
 from tests.linearizability import (
     CONFLICT,
     UNKNOWN,
@@ -270,3 +275,71 @@ def test_the_search_and_its_failing_prefix_agree_with_brute_force(model: str) ->
 def test_synthetic_fault_sized_histories_pass() -> None:
     assert check(synthetic("session", 400, 4, 0.05), START, session_step).ok
     assert check(synthetic("counter", 2000, 2, 0.05), 0, counter_step).ok
+
+
+# -- the fault suite's histories (tests/faults/linear.py) -----------------------------------------
+
+
+def fault_op(process: str, workload: str, key: str, t: tuple[float, float], outcome: str, **kw: Any) -> FaultOp:
+    """A fault-suite op; ``expected`` goes to meta["expected_rev"]."""
+    meta = {"expected_rev": kw.pop("expected")} if "expected" in kw else {}
+    value = kw.pop("value", 1 if workload == "counter" else None)
+    return FaultOp(process, "s1", workload, key, value, t[0], t[1], outcome, meta=meta, **kw)
+
+
+def fault_history() -> list[FaultOp]:
+    """Session "a" and counter "n", with answers ok, refused (left out), CONFLICT and unknown."""
+    return [
+        fault_op("r1", "read", "a", (0, 1), OK, result=(1, None)),
+        fault_op("r1", "register", "a", (2, 3), OK, result=2, expected=1, value=101),
+        fault_op("r2", "read", "a", (4, 5), OK, result=(2, 101)),
+        fault_op("r2", "register", "a", (6, 9), OUTCOME_UNKNOWN, error="TIMEOUT", expected=2, value=201),
+        fault_op("r3", "register", "a", (7, 8), FAIL, error="STORAGE_UNAVAILABLE", expected=2, value=301),
+        fault_op("r1", "read", "a", (10, 11), FAIL, error="TIMEOUT"),
+        fault_op("r1", "read", "a", (12, 13), OK, result=[2, 101]),  # as read back from history.jsonl
+        fault_op("r3", "register", "a", (14, 15), FAIL, error="CONFLICT", expected=1, value=302),
+        fault_op("r3", "read", "a", (16, 17), OK, result=(3, 201)),  # the unknown update, applied late
+        fault_op("c1", "counter", "n", (0, 1), OK, result=1),
+        fault_op("c1", "counter", "n", (2, 5), OUTCOME_UNKNOWN, error="OUTCOME_UNKNOWN"),
+        fault_op("c2", "counter", "n", (3, 4), FAIL, error="STORAGE_UNAVAILABLE"),
+        fault_op("c2", "counter", "n", (6, 7), OK, result=3),
+    ]
+
+
+def test_a_fault_history_with_unknown_and_refused_ops_is_linearizable() -> None:
+    v = check_linearizable(fault_history(), "n")
+    assert v.workload == "linearizable"
+    assert v.anomalies == {}
+    assert v.info["not_checked"] == []
+    assert {k: v.info["checked"]["session a"][k] for k in ("ops", "unknown", "ok")} == {
+        "ops": 7,
+        "unknown": 1,
+        "ok": True,
+    }
+    assert v.info["checked"]["counter n"]["ops"] == 3
+    assert v.acked == 3  # two adds and one update acknowledged
+
+
+def test_a_fault_history_that_reads_a_lost_update_is_not_linearizable() -> None:
+    """An acknowledged update, then a read of the revision before it, and a counter value answered twice."""
+    h = [
+        *fault_history(),
+        fault_op("r2", "read", "a", (20, 21), OK, result=(2, 101)),
+        fault_op("c1", "counter", "n", (8, 9), OK, result=3),
+    ]
+    v = check_linearizable(h, "n")
+    session, counter = v.anomalies["not_linearizable"]
+    assert session.startswith("session a: not linearizable")
+    assert "! r2" in session
+    assert "read() -> (2, 101)" in session
+    assert "read() -> (3, 201)" in session
+    assert counter.startswith("counter n: not linearizable")
+    assert "! c1" in counter
+
+
+def test_a_key_too_large_to_search_is_reported_as_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear, "MAX_STATES", 2)
+    v = check_linearizable(fault_history(), "n")
+    assert v.anomalies == {}
+    assert len(v.info["not_checked"]) == 2
+    assert "session a: not checked: too large" in v.info["not_checked"][0]
