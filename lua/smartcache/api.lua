@@ -220,6 +220,18 @@ local NOT_LEADER = {status = 'NOT_LEADER'}
 -- A single-key read that waited until its deadline for a write of that key to get its quorum.
 local WRITE_PENDING = {status = 'WRITE_PENDING'}
 
+-- A write refused while a synchronous rollback may be under way (quorum.rollback_near,
+-- compat.SYNC_ROLLBACK_ADMITS_NEWER): nothing done; the service sends it again to the same
+-- leader after retry_after_ms, when the oldest write in flight has ended one way or the other.
+local function writes_held()
+    local left = quorum.rollback_left()
+    if left == nil then
+        return nil
+    end
+    quorum.rollback_holds = quorum.rollback_holds + 1
+    return {status = 'WRITES_HELD', retry_after_ms = math.ceil(left * 1000) + config.WRITES_HELD_SLACK_MS}
+end
+
 local function past(meta)
     if meta == nil then  -- nil or box.NULL
         return false
@@ -304,6 +316,10 @@ local function write_procedure(name, fn)
         local wrong = misrouted(name, ...)
         if wrong ~= nil then
             return wrong
+        end
+        local held = writes_held()
+        if held ~= nil then
+            return held
         end
         local key = type(meta) == 'table' and meta.idempotency_key or nil
         if key == nil then

@@ -71,6 +71,10 @@ M.cluster_size = util.env_number('SC_CLUSTER_SIZE', 3)
 -- (smartcache.failover.topology); by default that majority alone.
 M.sync_quorum_set = util.env_number('SC_SYNC_QUORUM', nil)
 M.sync_quorum = M.sync_quorum_set or math.floor(M.cluster_size / 2) + 1
+-- A write refused while a synchronous rollback may be under way (WRITES_HELD) is sent again this
+-- long after the oldest write in flight reaches its timeout (its rollback, or its confirmation, is
+-- then written).
+M.WRITES_HELD_SLACK_MS = 20
 -- SC_SYNC_TIMEOUT_S: a synchronous write without its quorum this long is rolled back.
 M.sync_timeout_s = util.env_number('SC_SYNC_TIMEOUT_S', 2)
 

@@ -92,7 +92,10 @@ M.inflight = 0
 -- fiber.clock() reads, and it starts only once the write is in the WAL, so this hold always starts
 -- first; the abort loop that ends a rollback runs without a yield, so the hold cannot end before it.
 M.ROLLBACK_MARGIN_S = 0.25   -- the hold starts this much before the timeout, or a tenth of it if less
-M.rollback_holds = 0         -- statements refused so (sc.stats, the service's metrics)
+M.rollback_holds = 0         -- writes refused so (sc.stats, the service's metrics)
+-- How a statement refused inside a transaction says so (ER_READONLY): the service tells it from a
+-- read-only instance by this prefix and sends the call again to the same leader.
+M.HELD_PREFIX = 'writes held:'
 local started = {}           -- statement number -> fiber.clock() when it was made; nil once ended
 local oldest, newest = 1, 0  -- the statement numbers in flight are among oldest..newest
 
@@ -107,6 +110,9 @@ end
 -- Would a synchronous write made now risk entering the limbo during a rollback? nil, or the seconds
 -- the oldest write in flight has waited.
 function M.rollback_near()
+    if not M.enabled then
+        return nil
+    end
     local t0 = oldest_start()
     if t0 == nil then
         return nil
@@ -117,6 +123,20 @@ function M.rollback_near()
         return waited
     end
     return nil
+end
+
+-- While writes are held so (rollback_near): the seconds until the oldest write in flight reaches
+-- its timeout (0 once it has: its rollback is being written), else nil. The answer of a write
+-- procedure refused up front (api.lua, WRITES_HELD: the service tries again after it).
+function M.rollback_left()
+    if not compat.SYNC_ROLLBACK_ADMITS_NEWER then
+        return nil
+    end
+    local waited = M.rollback_near()
+    if waited == nil then
+        return nil
+    end
+    return math.max(0, box.cfg.replication_synchro_timeout - waited)
 end
 
 local function settle(space_name, key, n)
@@ -144,8 +164,8 @@ local function synchronous(space_name, key)
         if waited ~= nil then
             M.rollback_holds = M.rollback_holds + 1
             box.error({code = box.error.READONLY, reason = string.format(
-                'writes held: a synchronous write has waited %.2f s for its quorum and may be rolled back '
-                .. 'now (read-only until it ends)', waited)})
+                '%s a synchronous write has waited %.2f s for its quorum and may be rolled back now '
+                .. '(read-only until it ends)', M.HELD_PREFIX, waited)})
         end
     end
     local q = box.space[M.SPACE]

@@ -18,7 +18,8 @@
     ├── CursorTooOld             a subscriber's events were dropped by retention (client side)
     ├── StorageError             Tarantool failed
     │   ├── StorageUnavailable   not executed: no connection, stalled, no leader, cannot write
-    │   │   └── NotLeader        not executed: the instance may not write now
+    │   │   ├── NotLeader        not executed: the instance may not write now
+    │   │   └── WritesHeld       not executed: the leader holds writes for a moment (a rollback near)
     │   ├── DeadlineExceeded     not executed: storage got the call after its deadline
     │   ├── OutcomeUnknown       sent, and maybe executed: no answer, or a synchronous rollback
     │   └── ProcedureError       a stored procedure raised (a bug or misuse)
@@ -209,6 +210,21 @@ class NotLeader(StorageUnavailable):
 
     The service looks for the leader again; the client gets STORAGE_UNAVAILABLE if none is found in time.
     """
+
+
+class WritesHeld(StorageUnavailable):
+    """The leader refused the write for a moment (WRITES_HELD, or a statement refused with the
+    "writes held:" prefix): the oldest synchronous write in flight nears its timeout, and on Tarantool
+    2.6.0 a write that entered the limbo while that rollback was written would be rolled back on the
+    leader only. Nothing was done.
+
+    The service sends the call again to the same leader after ``retry_after_s`` (it still leads), while
+    the message has time; the client gets STORAGE_UNAVAILABLE only if it has none left.
+    """
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class DeadlineExceeded(StorageError):

@@ -1,6 +1,6 @@
 """Storage routing without I/O: when no election is coming (smartcache/server/storage/routing.py
-unreachable_leader), and a write waiting for storage that the deadline sweep cancels is answered as not
-executed, not left to EXPIRED."""
+unreachable_leader), a write waiting for storage that the deadline sweep cancels is answered as not
+executed, not left to EXPIRED, where a read goes while no one leads, and a write the leader holds."""
 
 from __future__ import annotations
 
@@ -11,9 +11,18 @@ from typing import Any
 
 import pytest
 
+from smartcache.server.config import Settings
 from smartcache.server.job import Job
+from smartcache.server.metrics import Metrics
 from smartcache.server.storage.instances import ER_WAL_IO, maybe_applied
-from smartcache.server.storage.routing import HEARD_AFTER_US_S, LEADER_HEARD_S, _wait_until, unreachable_leader
+from smartcache.server.storage.routing import (
+    HEARD_AFTER_US_S,
+    LEADER_HEARD_S,
+    Storage,
+    _wait_until,
+    unreachable_leader,
+)
+from smartcache.wire.errors import StorageUnavailable, WritesHeld
 
 LEADER, F1, F2 = "uuid-leader", "uuid-f1", "uuid-f2"
 
@@ -141,3 +150,76 @@ def test_a_wait_returns_when_what_it_waits_for_happens_or_its_end_comes() -> Non
 )
 def test_which_failed_writes_may_still_have_been_applied(code: int, role: str | None, reason: str | None) -> None:
     assert maybe_applied(code, role) == reason
+
+
+# -- where a call goes while no one leads, and a write the leader holds for a moment ------------------
+
+
+def _storage(instances: list[Any], last: Any = None, leader: Any = None) -> Storage:
+    s = Storage(settings=Settings(), metrics=Metrics())
+    s.instances = instances
+    s.leader, s.last_leader = leader, last
+    return s
+
+
+def test_a_read_falls_back_to_the_last_leader_while_no_instance_has_a_later_term() -> None:
+    """etcd down: the leader fenced itself; it holds every acknowledged write and nobody else can write."""
+    last = instance(LEADER, role={"role": "fenced"})
+    s = _storage([last, instance(F1, role=follower()), instance(F2, role=follower())], last=last)
+    assert s._read_fallback() is last
+
+
+def test_a_read_never_falls_back_to_a_follower_that_may_lag() -> None:
+    down = instance(LEADER, up=False, role={"role": "leader"})
+    assert _storage([down, instance(F1, role=follower())], last=down)._read_fallback() is None
+    assert _storage([instance(F1, role=follower())], last=None)._read_fallback() is None
+
+
+def test_a_read_does_not_fall_back_once_an_instance_has_a_later_term() -> None:
+    """A follower of a newer leader: writes may be acknowledged there that the last leader lacks."""
+    last = instance(LEADER, role={"role": "fenced"})
+    newer = instance(F1, role={**follower(F2), "term": 8})
+    newer.term = 8
+    assert _storage([last, newer], last=last)._read_fallback() is None
+
+
+class _Conn:
+    """Answers each call with the next of ``answers`` (a result map, or an exception to raise)."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers, self.calls = answers, 0
+        self.is_connected = True
+
+    async def call(self, name: str, args: list[Any]) -> SimpleNamespace:
+        self.calls += 1
+        a = self.answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return SimpleNamespace(body=[a])
+
+
+def _leader_with(answers: list[Any]) -> SimpleNamespace:
+    inst = instance(LEADER, role={"role": "leader", "writable": True})
+    inst.conn = _Conn(answers)
+    inst.clock = SimpleNamespace(generation=1)
+    inst.writable = True
+    inst.remote_ms = lambda deadline: 0
+    inst.check_now = lambda: None
+    return inst
+
+
+def test_a_write_the_leader_holds_is_sent_again_to_the_same_leader() -> None:
+    leader = _leader_with([{"status": "WRITES_HELD", "retry_after_ms": 5}, {"status": "OK"}])
+    s = _storage([leader], last=leader, leader=leader)
+    got = asyncio.run(s.call("session_update", [], job=_job(time.monotonic() + 5)))
+    assert got == {"status": "OK"}
+    assert leader.conn.calls == 2
+    assert s.leader is leader  # it still leads: not dropped as a NOT_LEADER would be
+
+
+def test_a_write_held_past_its_lifetime_is_not_executed() -> None:
+    leader = _leader_with([{"status": "WRITES_HELD", "retry_after_ms": 400}])
+    s = _storage([leader], last=leader, leader=leader)
+    with pytest.raises(WritesHeld) as e:
+        asyncio.run(s.call("session_update", [], job=_job(time.monotonic() + 0.1)))
+    assert isinstance(e.value, StorageUnavailable)  # answered STORAGE_UNAVAILABLE: not executed

@@ -14,8 +14,10 @@ one that is not read-only). The service never decides who leads and never
 changes any instance's role: it only asks, every ``PING_INTERVAL_S`` and at once
 after a NOT_LEADER, a read-only refusal or a lost connection.
 
-With no leader reachable, reads go to any instance that answers, and writes
-wait for a leader only while one may be coming (an election or a hand-over
+With no leader reachable, reads go to the last leader while it answers and no
+instance has a later term (an etcd outage fences it, and reads go on: it holds
+every acknowledged write), never to a follower that may lag; otherwise reads,
+like writes, wait for a leader only while one may be coming (an election or a hand-over
 under way), and never past their lifetime: they fail at once
 (STORAGE_UNAVAILABLE, not executed, so the client may try another service
 instance) when every instance is down or standalone, or when the followers
@@ -71,13 +73,20 @@ from smartcache.server.deadlines import NO_DEADLINE_WAIT_S, STORAGE_ANSWER_MARGI
 from smartcache.server.job import Job
 from smartcache.server.metrics import Metrics, label
 from smartcache.server.storage.discovery import DISCOVERY_INTERVAL_S, TOPOLOGY, Discovery, DiscoveryError
-from smartcache.server.storage.instances import CANNOT_WRITE, PING_INTERVAL_S, Instance, maybe_applied
+from smartcache.server.storage.instances import (
+    CANNOT_WRITE,
+    PING_INTERVAL_S,
+    SEARCH_INTERVAL_S,
+    Instance,
+    maybe_applied,
+)
 from smartcache.wire.errors import (
     DeadlineExceeded,
     NotLeader,
     OutcomeUnknown,
     ProcedureError,
     StorageUnavailable,
+    WritesHeld,
 )
 
 log = structlog.get_logger("storage")
@@ -90,6 +99,13 @@ LEADER_HEARD_S = 1.5
 HEARD_AFTER_US_S = PING_INTERVAL_S + 0.25
 #: a call refused by an ex-leader is sent again at most this many times
 REROUTES = 3
+#: a write the leader held (WRITES_HELD) waits at most this long before it is sent again (the leader's
+#: retry_after_ms is at most the synchronous timeout's margin, 0.25 s, plus a little)
+HELD_WAIT_MAX_S = 0.5
+#: ...and a call without a message (the service's own) is sent again at most this many times
+HELD_RETRIES = 10
+#: how a statement refused inside a transaction for that reason begins (lua/smartcache/quorum.lua HELD_PREFIX)
+HELD_PREFIX = "writes held:"
 #: a call refused as past its deadline while our clock says time is left is sent again at most this
 #: many times, each after the instance's clock offset was measured again
 CLOCK_RETRIES = 2
@@ -160,6 +176,8 @@ class Storage:
         #: replaced whole (never changed in place) when discovery adds or removes one: iterations stay valid
         self.instances = [self._new_instance(a) for a in settings.tarantool]
         self.leader: Instance | None = None
+        #: the instance that led last (it stays while no one leads): what reads fall back to
+        self.last_leader: Instance | None = None
         #: set when a wait for a leader has its outcome: a leader is known, or none is coming (see _target)
         self._settled = asyncio.Event()
         self._leader_gauges = {i.address: metrics.storage_leader.labels(i.address) for i in self.instances}
@@ -280,6 +298,8 @@ class Storage:
         if leader is self.leader:
             return
         was, self.leader = self.leader, leader
+        if leader is not None:
+            self.last_leader = leader
         for instance in self.instances:
             self._leader_gauges[instance.address].set(1 if instance is leader else 0)
         if leader is None:
@@ -297,26 +317,42 @@ class Storage:
             i.check_now()
 
     async def _target(self, procedure: str, job: Job | None) -> Instance:
-        """The leader. Reads fall back to any instance that is up. Writes wait for a leader while one may be
+        """The leader. Reads fall back to the last leader while it answers and no instance has a later term
+        (:meth:`_read_fallback`). Writes, and reads that cannot fall back, wait for a leader while one may be
         coming (an election, a hand-over) and the message has time, and fail at once when none is: with
         every instance down or standalone, or with the followers still following a leader that this
         service cannot reach (cut off from it alone: the fault suite's partition-service-leader)."""
         if self.leader is not None:
             return self.leader
-        if procedure not in WRITES and procedure not in WAITING_WRITES:
-            for instance in self.instances:
-                if instance.up:
-                    return instance
+        read = procedure not in WRITES and procedure not in WAITING_WRITES
         # Give up a little before the deadline, so that STORAGE_UNAVAILABLE, not the sweep's EXPIRED, answers.
         end = time.monotonic() + NO_DEADLINE_WAIT_S if job is None else job.deadline - STORAGE_ANSWER_MARGIN_S
         while (leader := self._current_leader()) is None:
+            if read and (fallback := self._read_fallback()) is not None:
+                return fallback
             why = self._why_no_leader_is_coming()
             if why is not None or time.monotonic() >= end:
                 states = ", ".join(f"{i.address} {i.state}" for i in self.instances)
                 raise StorageUnavailable(f"{procedure}: {why or 'no storage instance may write now'} ({states})")
             self._settled.clear()  # nothing is settled now: whatever set it has changed since
-            await _wait_until(self._settled.wait(), job, end)
+            # A read looks again at each search round: the last leader's role may come back meanwhile.
+            until = min(end, time.monotonic() + SEARCH_INTERVAL_S) if read else end
+            await _wait_until(self._settled.wait(), job, until)
         return leader
+
+    def _read_fallback(self) -> Instance | None:
+        """With no leader known, where a read may go: the last leader, while it answers and no instance has
+        a later term (no one has led since: it holds every acknowledged write, it acknowledged them, and no
+        write can be acknowledged elsewhere before a follower takes a later term). An etcd outage fences it
+        and reads go on. Never another instance: a follower may lag, and its stale answer (a NOT_FOUND for
+        a session created a moment ago ends the customer's session) breaks linearizability (the fault
+        suite checks it since issue 35); those reads wait for the leader as writes do."""
+        last = self.last_leader
+        if last is None or not last.up or not last.role or last not in self.instances:
+            return None
+        if any(i.term > last.term for i in self.instances if i.role):
+            return None
+        return last
 
     def _searching(self) -> bool:
         return self.leader is None
@@ -353,7 +389,7 @@ class Storage:
         lifetime ends (one sweep timer per loop is cheaper than one per call),
         and storage itself refuses a call that arrives after the deadline.
         """
-        attempt = clock_retries = 0
+        attempt = clock_retries = held = 0
         while True:
             instance = self.leader
             if instance is None:
@@ -372,6 +408,15 @@ class Storage:
                 if job is not None:
                     job.returned += 1
                 return self._result(instance, procedure, resp.body[0], started)
+            except WritesHeld as e:
+                # Not executed, and it still leads: send it again to it once the moment has passed.
+                held += 1
+                wait = min(e.retry_after_s, HELD_WAIT_MAX_S)
+                if job is None and held > HELD_RETRIES:
+                    raise
+                if job is not None and time.monotonic() + wait >= job.deadline - STORAGE_ANSWER_MARGIN_S:
+                    raise
+                await asyncio.sleep(wait)
             except NotLeader:
                 # Not executed, and it no longer leads: send it again, to the leader found next.
                 self._lost(instance)
@@ -430,6 +475,10 @@ class Storage:
                     f"{procedure}: the synchronous write failed on {instance.address} ({e.message}); "
                     "it may be on the followers, and a later leader may still confirm it"
                 ) from e
+            if reason == "read_only" and str(e.message).startswith(HELD_PREFIX):
+                self._observe(procedure, "held", seconds)
+                self._write_failed("writes_held")
+                raise WritesHeld(f"{procedure}: {instance.address}: {e.message}", HELD_WAIT_MAX_S / 5) from e
             if reason is None:
                 self._observe(procedure, "error", seconds)
                 raise ProcedureError(f"{procedure}: {e}") from e
@@ -453,6 +502,12 @@ class Storage:
             raise NotLeader(f"{procedure}: {instance.address} may not write now (no leader lease)")
         if outcome == "DEADLINE_EXCEEDED":
             raise DeadlineExceeded(f"{procedure}: storage got the call after the message's deadline")
+        if outcome == "WRITES_HELD":
+            self._write_failed("writes_held")
+            raise WritesHeld(
+                f"{procedure}: {instance.address} holds writes for a moment (a synchronous rollback may be near)",
+                result.get("retry_after_ms", 0) / 1000,
+            )
         if outcome == "WRITE_PENDING":
             raise StorageUnavailable(
                 f"{procedure}: a write of this key still waited for its quorum at the deadline (no dirty read)"
