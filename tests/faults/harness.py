@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.netns import Network
-from tests.faults import checkers, disks, load
+from tests.faults import checkers, disks, linear, load
 from tests.faults.checkers import SYNC_WORKLOADS, Verdict
 from tests.faults.cluster import NODES, TTL_S, Cluster, until
 from tests.faults.disks import Ext4Loop, Tmpfs
@@ -440,6 +440,7 @@ class Run:
             checkers.check_counter(ops, counter),
             checkers.check_set(ops, cached, workload="cache"),
         ]
+        self.linearizable(ops)
         final = {
             "leader": leader,
             "register": finals,
@@ -453,6 +454,22 @@ class Run:
             self.check(f"{n} (follower) has every acknowledged session", missing == 0, f"{missing} missing")
         self.extra["final_leader"] = leader
         self.replicas_agree(leader, others if converged else [])
+
+    def linearizable(self, ops: list[Op]) -> None:
+        """Every hot session and the counter, answer by answer, unknown outcomes indeterminate
+        (tests/faults/linear.py); a key too large to search fails the check rather than pass unseen."""
+        v = linear.check_linearizable(ops, self.counter)
+        self.verdicts.append(v)
+        not_checked = v.info.get("not_checked") or []
+        bad = v.anomalies.get("not_linearizable") or []
+        self.extra["linearizable"] = {"checked": v.info.get("checked"), "seconds": v.info.get("check_s")}
+        for text in bad:
+            self.note(text)
+        self.check(
+            "every hot session and the counter linearizable",
+            not bad and not not_checked,
+            f"{len(bad)} keys with no order; not checked: {not_checked}" if bad or not_checked else "",
+        )
 
     def replicas_agree(self, leader: str, followers: list[str]) -> None:
         """No follower keeps a row the leader does not have (issue 35: rows the leader rolled back in its
