@@ -64,9 +64,11 @@ M.WORKAROUNDS = {
             .. 'its timeout rolls back, in the leader\'s memory only, every transaction behind it: every '
             .. 'write of the leader is made synchronous (cache and prewarm too, DDL of our fibers by join)',
         issue = nil, fixed_in = nil,
-        where = 'quorum.lua (GUARDED, join), event_partitions.lua, failover/box_adapter.lua (probe, disk_check); '
+        where = 'quorum.lua (GUARDED, join), event_partitions.lua, failover/box_adapter.lua (probe, disk_check), '
+            .. 'cache.lua (a delete of a missing key is a WAL row no trigger sees: read first); '
             .. 'smartcache/server/storage/instances.py maybe_applied (ER_WAL_IO of an HA leader: outcome unknown)',
-        test = 'tests/integration/test_limbo.py',
+        test = 'tests/integration/test_limbo.py; lua/tests/quorum_test.lua (a write that finds nothing writes '
+            .. 'no WAL row); the fault suite (load-fuzz-mix)',
     },
     {
         name = 'SYNC_ROLLBACK_ADMITS_NEWER',
@@ -116,9 +118,10 @@ M.WORKAROUNDS = {
     {
         name = 'NO_MVCC_DIRTY_READS',
         why = 'no MVCC: a write waiting for its quorum is visible and may still roll back; single-key '
-            .. 'reads wait for their key, event readers stop before the oldest unsettled event',
+            .. 'reads and keyed writes wait for their key, event readers stop before the oldest unsettled event',
         issue = nil, fixed_in = nil,  -- memtx_use_mvcc_engine (2.6.1) with read-confirmed (2.10); not configured
-        where = 'quorum.lua (pending keys, wait_key), api.lua (WRITE_PENDING), events.lua (visible)',
+        where = 'quorum.lua (pending keys, wait_key), api.lua (KEYED_READS, KEYED_WRITES, WRITE_PENDING), '
+            .. 'events.lua (visible)',
         test = 'tests/integration/test_storage_answers.py (no dirty read), test_coordination_failover.py',
     },
     {

@@ -16,7 +16,7 @@ quorum.enable(true)
 quorum.guard_all()
 
 local test = tap.test('quorum')
-test:plan(9)
+test:plan(10)
 
 local function without_quorum(fn)
     box.cfg({replication_synchro_quorum = 2, replication_synchro_timeout = 0.2})
@@ -55,6 +55,34 @@ test:test('a guarded write without its quorum rolls back, with the rest of its t
     t:is(box.space.sessions:len(), before, 'no session left behind')
     t:is(box.space.counters:get('q-test'), nil, 'nor the counter')
     t:is(box.space.sc_quorum:len(), 0, 'sc_quorum is empty')
+end)
+
+test:test('a compare-and-set waits for a pending write of its key: no CONFLICT against a write that rolls back',
+    function(t)
+    t:plan(3)
+    local fiber = require('fiber')
+    local id = helper.session('client-cas', {n = 0})
+    local rev0 = _G.sc.session_get(nil, id).rev
+    box.cfg({replication_synchro_quorum = 2, replication_synchro_timeout = 0.3})  -- no replica: A rolls back
+    local a_done, b_res, b_after_a = false, nil, nil
+    local a = fiber.new(function()
+        pcall(_G.sc.session_update, nil, id, {n = 1})
+        a_done = true
+    end)
+    a:set_joinable(true)
+    fiber.yield()  -- A waits for its quorum: rev0 + 1 is in the space, not committed
+    local b = fiber.new(function()
+        local ok, r = pcall(_G.sc.session_update, nil, id, {n = 2}, rev0)
+        b_after_a = a_done
+        b_res = ok and r.status or tostring(r)
+    end)
+    b:set_joinable(true)
+    a:join()
+    b:join()
+    box.cfg({replication_synchro_quorum = 1})
+    t:ok(b_after_a, 'B answered only once A had ended')
+    t:isnt(b_res, 'CONFLICT', 'B compared with the committed revision, not with A rolled back: ' .. tostring(b_res))
+    t:is(_G.sc.session_get(nil, id).rev, rev0, 'neither is applied (no quorum)')
 end)
 
 test:test('a write that finds nothing to change writes nothing to the WAL (no asynchronous row)', function(t)
