@@ -198,7 +198,8 @@ local function metrics()
         local events = {}
         for _, e in ipairs({'elections_won', 'promotions', 'fences', 'step_downs', 'etcd_errors', 'divergences',
                             'switchovers', 'join_holds', 'reconnects', 'quorum_raises', 'quorum_lowerings',
-                            'dcs_regressions', 'auto_rejoins', 'conflict_rebuilds', 'set_asides', 'set_asides_removed'}) do
+                            'dcs_regressions', 'auto_rejoins', 'conflict_rebuilds', 'set_asides',
+                            'set_asides_removed'}) do
             table.insert(events, {string.format('{event="%s"}', e), st.counters[e]})
         end
         metric(out, 'smartcache_tarantool_failover_events_total', 'counter', 'Failover events on this instance.',
