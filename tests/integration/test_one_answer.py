@@ -125,6 +125,34 @@ def test_short_lifetimes_under_mixed_load_answer_every_message_once_and_free_eve
         assert metric(r.metrics_url, "smartcache_watchdog_reclaimed_total") == 0
 
 
+def test_a_products_get_whose_lifetime_ends_after_storage_granted_its_lease_leaves_no_lease_behind(
+    fresh_master: Tarantool, backend: Backend
+) -> None:
+    """Issue 35: a PRODUCTS_GET answered OUTCOME_UNKNOWN by the deadline sweep after prewarm_acquire had
+    taken the lease in storage left the lease held by nobody until it ran out; every asker of that key
+    meanwhile held a worker slot for its whole lifetime, waiting for it, and got TIMEOUT."""
+    body = {"client_id": "client-lost-lease", "data_type": 1}
+    with TcpProxy(fresh_master.port) as proxy:
+        settings = service_settings(
+            fresh_master,
+            tarantool=(proxy.address,),
+            backend_url=backend.url,
+            backend_retries=0,
+            backend_timeout_s=2.0,  # a lease of 4 s: longer than the second asker's lifetime
+            prewarm_types=(1,),
+        )
+        with running_service(settings) as r:
+            proxy.set_mode(DELAY_REPLIES, delay_s=0.5)  # storage takes the lease; its answer comes too late
+            with pytest.raises(RequestError) as e:
+                r.client.call("PRODUCTS_GET", body, lifetime_ms=100, timeout_s=10)
+            assert e.value.transport_error == "OUTCOME_UNKNOWN"
+            proxy.set_mode("pass")
+            again = r.client.call("PRODUCTS_GET", body, lifetime_ms=3000, timeout_s=10)
+            assert (again.status, again.body.get("source")) == ("OK", "fetched")
+            eventually(lambda: _slots_all_free(r), what="every worker slot free again")
+            assert metric(r.metrics_url, "smartcache_watchdog_reclaimed_total") == 0
+
+
 class Broken:
     """Handlers that fail at each step of a message's life, one per device id."""
 

@@ -15,6 +15,17 @@
 
 Lease = the backend timeout with its retries plus a margin, so a crashed
 instance never leaves a record stuck: its lease runs out and is taken over.
+
+A lease this instance may hold is given back whatever ends the message: the
+calls that settle it (``prewarm_complete``, ``prewarm_fail``) run in tasks of
+their own, which the worker's deadline sweep cannot cancel (it stops only the
+message's wait for them), and a message whose lifetime ends after its
+``prewarm_acquire`` was sent releases the lease it may have been granted.
+Issue 35: under load, short-lived PRODUCTS_GET were answered OUTCOME_UNKNOWN
+with the lease granted in storage and never released; for the lease's 17 s
+(the defaults) every asker of that key held a worker slot for its whole
+lifetime, waiting in ``prewarm_wait``, and was answered TIMEOUT (9 of 150 keys
+asked right after a 20,000-message run with 2-5 ms lifetimes).
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import structlog
 
 from smartcache.server.deadlines import HANDLER_WAIT_MARGIN_S
 from smartcache.server.handlers import Context, Handler, Request
-from smartcache.wire.errors import BackendError, StorageError
+from smartcache.wire.errors import BackendError, OutcomeUnknown, StorageError
 
 log = structlog.get_logger("prewarm")
 
@@ -53,14 +64,24 @@ async def app_start(req: Request, ctx: Context) -> dict[str, Any]:
 
 
 async def _acquire(ctx: Context, req: Request, owner: str) -> dict[str, Any]:
-    """Take the lease; the record notes which session (of which front version) asked for it."""
+    """Take the lease; the record notes which session (of which front version) asked for it.
+
+    Storage may grant it although its answer never reaches us: the message's lifetime ended while the
+    call was out (the deadline sweep), or the connection broke. The lease is then released in the
+    background (``prewarm_fail`` of an owner that holds nothing changes nothing)."""
     client_id, data_type = req.body["client_id"], req.body["data_type"]
     lease, max_age = ctx.settings.lease_ms, ctx.settings.max_age_ms(data_type)
-    return await ctx.storage.call(
-        "prewarm_acquire",
-        [client_id, data_type, owner, lease, max_age, req.session, req.body.get("version")],
-        job=req.job,
-    )
+    sent = req.job.sent
+    try:
+        return await ctx.storage.call(
+            "prewarm_acquire",
+            [client_id, data_type, owner, lease, max_age, req.session, req.body.get("version")],
+            job=req.job,
+        )
+    except (asyncio.CancelledError, OutcomeUnknown):
+        if req.job.sent > sent:  # it reached storage: we may own the lease
+            _settle_apart(ctx, "prewarm_fail", [client_id, data_type, owner])
+        raise
 
 
 async def _settle(ctx: Context, procedure: str, args: list[Any]) -> dict[str, Any] | None:
@@ -76,19 +97,26 @@ async def _settle(ctx: Context, procedure: str, args: list[Any]) -> dict[str, An
 _background: set[asyncio.Task[Any]] = set()
 
 
+def _settle_apart(ctx: Context, procedure: str, args: list[Any]) -> asyncio.Task[dict[str, Any] | None]:
+    """:func:`_settle` in a task of its own: a message may wait for it (``asyncio.shield``), but the deadline
+    sweep that cancels the message never cancels the call, sent or still waiting for a leader."""
+    task = asyncio.get_running_loop().create_task(_settle(ctx, procedure, args))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
 async def _fetch_and_store(ctx: Context, client_id: str, data_type: int, owner: str, deadline: float) -> Any:
     """Call the backend as the lease owner; complete on success, fail (release) on any failure."""
     try:
         data = await ctx.backend.fetch(client_id, data_type, deadline)
     except BackendError:
-        await _settle(ctx, "prewarm_fail", [client_id, data_type, owner])
+        await asyncio.shield(_settle_apart(ctx, "prewarm_fail", [client_id, data_type, owner]))
         raise
     except asyncio.CancelledError:  # our message's lifetime ended: release in the background
-        task = asyncio.get_running_loop().create_task(_settle(ctx, "prewarm_fail", [client_id, data_type, owner]))
-        _background.add(task)
-        task.add_done_callback(_background.discard)
+        _settle_apart(ctx, "prewarm_fail", [client_id, data_type, owner])
         raise
-    done = await _settle(ctx, "prewarm_complete", [client_id, data_type, owner, data])
+    done = await asyncio.shield(_settle_apart(ctx, "prewarm_complete", [client_id, data_type, owner, data]))
     if done is not None and done["status"] != "OK":  # our lease ran out and was taken over; the data is good
         log.warning("prewarm_lease_lost", client_id=client_id, data_type=data_type, status=done["status"])
     return data
