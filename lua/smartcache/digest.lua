@@ -56,32 +56,67 @@ local function scan(s, keys)
     return {rows = rows, sum = sum, xor = bit.tobit(x) % 4294967296}, out
 end
 
--- sc.digest(keys_of?): OK {spaces = {name = {rows, sum, xor}}, vclock, keys?}.
-function M.digest(keys_of)
-    keys_of = util.opt(keys_of, nil)
-    if keys_of ~= nil and (type(keys_of) ~= 'string' or box.space[keys_of] == nil) then
-        return util.bad_request('keys_of must be the name of a space')
-    end
-    local spaces = setmetatable({}, {__serialize = 'map'})
-    local keys
-    for _, def in box.space._space:pairs({512}, {iterator = 'GE'}) do
-        local name = def[3]
-        local s = box.space[name]
-        if s ~= nil and not SKIP[name] and s.index[0] ~= nil then
-            local listed
-            spaces[name], listed = scan(s, name == keys_of)
-            if name == keys_of then
-                keys = listed or box.NULL
-            end
-        end
-    end
+local function vclock_now()
     local vclock = setmetatable({}, {__serialize = 'map'})
     for id, lsn in pairs(box.info.vclock) do
         if id ~= 0 then
             vclock[tostring(id)] = lsn
         end
     end
-    return util.result('OK', {spaces = spaces, vclock = vclock, keys = keys})
+    return vclock
+end
+
+local function same(a, b)
+    for k, v in pairs(a) do
+        if b[k] ~= v then
+            return false
+        end
+    end
+    for k in pairs(b) do
+        if a[k] == nil then
+            return false
+        end
+    end
+    return true
+end
+
+-- sc.digest(keys_of?): OK {spaces = {name = {rows, sum, xor}}, vclock, consistent, keys?}. keys_of: a
+-- space name, or a list of them: keys = {name = [[primary key, hash], ...]} (null past MAX_KEYS).
+-- consistent: no row was written while the scan yielded (the vclock before equals the one after), so
+-- the answer is this instance's data at that vclock; compare two instances only then.
+function M.digest(keys_of)
+    keys_of = util.opt(keys_of, nil)
+    if type(keys_of) == 'string' then
+        keys_of = {keys_of}
+    end
+    local wanted = {}
+    if keys_of ~= nil then
+        if type(keys_of) ~= 'table' then
+            return util.bad_request('keys_of must be a space name or a list of them')
+        end
+        for _, name in ipairs(keys_of) do
+            if type(name) ~= 'string' or box.space[name] == nil then
+                return util.bad_request('keys_of must be a space name or a list of them')
+            end
+            wanted[name] = true
+        end
+    end
+    local before = vclock_now()
+    local spaces = setmetatable({}, {__serialize = 'map'})
+    local keys = keys_of ~= nil and setmetatable({}, {__serialize = 'map'}) or nil
+    for _, def in box.space._space:pairs({512}, {iterator = 'GE'}) do
+        local name = def[3]
+        local s = box.space[name]
+        if s ~= nil and not SKIP[name] and s.index[0] ~= nil then
+            local listed
+            spaces[name], listed = scan(s, wanted[name])
+            if wanted[name] then
+                keys[name] = listed or box.NULL
+            end
+        end
+    end
+    local after = vclock_now()
+    return util.result('OK', {spaces = spaces, vclock = after, consistent = same(before, after), keys = keys})
 end
 
 return M

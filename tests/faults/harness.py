@@ -480,6 +480,8 @@ class Run:
         self.extra["follower_digests"] = rows
         detail = json.dumps(rows) if followers else "no follower caught up to compare (see its own check)"
         self.check("no row on a follower that the leader does not have", only == 0, detail)
+        uncompared = [f for f, r in rows.items() if not r["compared"]]
+        self.check("every caught-up follower compared with the leader at one vclock", not uncompared, str(uncompared))
         conn = self.c.open_conn(leader, 10.0)
         try:
             final = load.final_events(conn)

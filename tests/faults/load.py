@@ -397,7 +397,7 @@ def event_seq_twice(watcher: EventWatcher | None, final: dict[int, tuple[str, st
     return watcher.twice
 
 
-def digest(cluster: Cluster, node: str, keys_of: str | None = None) -> dict[str, Any]:
+def digest(cluster: Cluster, node: str, keys_of: list[str] | None = None) -> dict[str, Any]:
     conn = cluster.open_conn(node, DIGEST_TIMEOUT_S, user="operator", password="operator")
     try:
         r: dict[str, Any] = conn.call("sc.digest", [None, keys_of]).data[0]
@@ -412,28 +412,43 @@ def _vclock(d: dict[str, Any]) -> dict[str, int]:
     return {k: int(v) for k, v in d["vclock"].items() if k != "0"}
 
 
-def follower_only_rows(cluster: Cluster, leader: str, followers: list[str], tries: int = 5) -> dict[str, Any]:
-    """Per follower, the rows it has that the leader does not (or has otherwise), compared once the two
-    show the same vclock (a write in flight changes a digest: compared again then)."""
+def _comparable(lead: dict[str, Any], mine: dict[str, Any]) -> bool:
+    """Both scans saw one state each (no write while they ran) and the same one (the same vclock)."""
+    return bool(lead["consistent"] and mine["consistent"] and _vclock(lead) == _vclock(mine))
+
+
+def follower_only_rows(cluster: Cluster, leader: str, followers: list[str], tries: int = 20) -> dict[str, Any]:
+    """Per follower, the rows it has that the leader does not (or has otherwise). The two are compared at
+    one vclock, each scan seeing one state (a write in flight, or a sweeper of the leader's, changes a
+    digest: both are asked again, up to ``tries`` times, 0.5 s apart); "compared" says whether they ever
+    were."""
     out: dict[str, Any] = {}
     for f in followers:
-        for attempt in range(tries):
-            lead, mine = digest(cluster, leader), digest(cluster, f)
-            if _vclock(lead) != _vclock(mine) and attempt + 1 < tries:
+        differ: list[str] = []
+        result: dict[str, Any] = {"rows": 0, "spaces": {}, "differ": [], "compared": False}
+        for _ in range(tries):
+            lead, mine = digest(cluster, leader, differ or None), digest(cluster, f, differ or None)
+            if not _comparable(lead, mine):
                 time.sleep(0.5)
                 continue
-            differ = sorted(
-                s for s in set(lead["spaces"]) | set(mine["spaces"]) if lead["spaces"].get(s) != mine["spaces"].get(s)
-            )
+            ls, ms = lead["spaces"], mine["spaces"]
+            now_differ = sorted(s for s in set(ls) | set(ms) if ls.get(s) != ms.get(s))
+            if not now_differ:
+                result = {"rows": 0, "spaces": {}, "differ": [], "compared": True}
+                break
+            if now_differ != differ:  # ask again with these spaces' keys, at one vclock
+                differ = now_differ
+                continue
             rows: dict[str, int] = {}
             for space in differ:
-                lk = {_key(k): h for k, h in digest(cluster, leader, space).get("keys") or []}
-                fk = {_key(k): h for k, h in digest(cluster, f, space).get("keys") or []}
+                lk = {_key(k): h for k, h in (lead["keys"] or {}).get(space) or []}
+                fk = {_key(k): h for k, h in (mine["keys"] or {}).get(space) or []}
                 n = sum(1 for k, h in fk.items() if lk.get(k) != h)
                 if n:
                     rows[space] = n
-            out[f] = {"rows": sum(rows.values()), "spaces": rows, "differ": differ}
+            result = {"rows": sum(rows.values()), "spaces": rows, "differ": differ, "compared": True}
             break
+        out[f] = result
     return out
 
 
