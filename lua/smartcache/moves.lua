@@ -370,6 +370,10 @@ end
 -- generation. Whatever of the bucket is here already (a copy of an earlier, given-up
 -- move; the garbage of a move away from here; rows of a bucket not held) is deleted
 -- first. numbers: the source's sequences ({sc_fence, sc_task_id}), raised to here.
+-- A recv_start cut short by a failover leaves the row aborting at this generation from
+-- this source (its own mark, committed before the purge): asked again, it purges on
+-- from that mark. Taking over a recv_abort's mark of the same copy is as safe: nothing
+-- makes a copy active but the source sent at its generation.
 function M.recv_start(bucket, source, generation, nums)
     local bad = check(bucket, generation)
     if bad ~= nil then
@@ -386,6 +390,9 @@ function M.recv_start(bucket, source, generation, nums)
         local t = box.space.sc_buckets:get(bucket)
         if is(t, 'receiving', generation) and t[PEER] == source then
             return answer('OK', bucket, t)  -- a repeat
+        end
+        if is(t, 'aborting', generation) and t[PEER] == source then
+            return nil  -- a repeat of one cut short: its purge goes on
         end
         local stale = t == nil or (t[GEN] < generation and (t[STATUS] == 'receiving' or t[STATUS] == 'aborting'
             or t[STATUS] == 'sent' or t[STATUS] == 'garbage'))

@@ -14,7 +14,7 @@ local schema = require('smartcache.schema')
 
 local COUNT = 16
 local test = tap.test('moves')
-test:plan(17)
+test:plan(18)
 
 -- A shard holding every bucket but `away` (not held: it will be received).
 local function shard(away)
@@ -301,6 +301,24 @@ test:test('recv_start takes over the garbage of an older move away from here (th
     t:is(sc.bucket_recv_start(nil, B, 's2', 5).status, 'OK', 'receiving at 5: the garbage at 4 is stale')
     t:is(box.space.sc_buckets:get(B)[2], 'receiving', 'receiving')
     t:is(sc.bucket_recv_start(nil, B, 's2', 3).status, 'BUCKET_STATE', 'an older move is refused')
+end)
+
+test:test('recv_start asked again after a failover cut it short (aborting, its own mark): it purges on', function(t)
+    t:plan(5)
+    local B = 10
+    box.space.sc_buckets:delete(B)
+    local row = {buckets.session_id(require('uuid').str(), B), client_of(B), '1', 1, now, 600000, now + 600000,
+                 box.NULL, now, box.NULL, B}
+    sc.bucket_recv_start(nil, B, 's1', 1)
+    sc.bucket_recv(nil, B, 1, 'sessions', {row})  -- a row of an older copy, not yet purged
+    -- What the old leader committed before it died: the mark of recv_start at 2 from s1, nothing after.
+    box.space.sc_buckets:replace({B, 'aborting', 2, 's1', now})
+    t:is(sc.bucket_recv_start(nil, B, 's2', 2).status, 'BUCKET_STATE', 'from another source: refused')
+    local r = sc.bucket_recv_start(nil, B, 's1', 2)
+    t:is_deeply({r.status, r.state, r.generation}, {'OK', 'receiving', 2}, 'the same again: receiving at 2')
+    t:is(rows_of(B), 0, 'what was here purged first')
+    t:is(sc.bucket_recv(nil, B, 2, 'sessions', {row}).written, 1, 'and the copy goes on')
+    t:is(sc.bucket_recv_abort(nil, B, 2).status, 'OK', 'given up: gone')
 end)
 
 test:test('state and held answer NOT_LEADER off the leader: nobody decides on a lagging row', function(t)
