@@ -13,6 +13,7 @@ import collections
 import contextlib
 import json
 import random
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from smartcache.wire import buckets, topology
 from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
-from tests.integration.conftest_ha import HACluster, ha_env
+from tests.integration.conftest_ha import TTL_S, HACluster, ha_env
 
 pytestmark = pytest.mark.slow
 
@@ -371,3 +372,51 @@ def test_a_move_left_past_send_done_is_finished_by_the_service_with_no_command(t
             assert a.client.session_update(sid, set={"v": 2}).ok
             assert two.ask("s2", "session_get", str(sid))["data"] == {"v": 2}
             two.check_placement()
+
+
+def test_a_move_whose_source_leader_freezes_mid_copy_goes_on_on_the_new_leader_in_about_a_failover(
+    tmp_path: Path,
+) -> None:
+    """The driver's call on a frozen leader (it answers nothing, its socket stays open) is dropped once the leader
+    key names another instance, and asked of the new leader: the copy goes on about a failover after the freeze,
+    not after the call's own timeout (ANSWER_TIMEOUT_S), and the move ends with the bucket active on s2 only."""
+    with make_shards(tmp_path, 2) as two:
+        two.init(["s1", "s2"])
+        b = moves.owners(two.map()).index("s1")
+        client = next(f"c{i}" for i in range(10_000) if buckets.bucket_of(f"c{i}", BUCKETS) == b)
+        sids = [two.ask("s1", "session_create", None, client, None, 600, {"v": i})["session_id"] for i in range(6)]
+        s1 = two.shards["s1"]
+        frozen = s1.leader()
+        links = moves.Links(two.access())
+        try:
+            gen = links["s1"].call("bucket_send_start", b, "s2", 1)["generation"]
+            assert links["s2"].call("bucket_recv_start", b, "s1", gen)["status"] == "OK"
+            page = links["s1"].call("bucket_rows", b, gen, "sessions", None, 2)
+            assert links["s2"].call("bucket_recv", b, gen, "sessions", page["rows"])["status"] == "OK"
+            s1.nodes[frozen].send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                page = links["s1"].call("bucket_rows", b, gen, "sessions", page["last"], 2)
+                took = time.monotonic() - started
+                assert page["status"] == "OK", page
+                assert links["s1"].leader != f"127.0.0.1:{s1.nodes[frozen].port}", "asked of the frozen one"
+                assert links["s1"].dropped == 1
+                assert took < moves.ANSWER_TIMEOUT_S, f"{took:.1f} s: waited for the call's timeout"
+                while True:
+                    assert links["s2"].call("bucket_recv", b, gen, "sessions", page["rows"])["status"] == "OK"
+                    if page["done"]:
+                        break
+                    page = links["s1"].call("bucket_rows", b, gen, "sessions", page["last"], 2)
+                assert links["s1"].call("bucket_send_done", b, gen)["status"] == "OK"
+                assert links["s2"].call("bucket_recv_done", b, gen)["status"] == "OK"
+                moves.assign(two.access(), {b: "s2"}, was={b: "s1"})
+                assert links["s1"].call("bucket_gc", b, gen)["status"] == "OK"
+            finally:
+                s1.nodes[frozen].send_signal(signal.SIGCONT)
+        finally:
+            links.close()
+        print(f"the copy went on {took:.1f} s after the source's leader froze (TTL {TTL_S} s)")
+        s1.wait_role(frozen, "follower", 60)
+        two.check_placement()
+        for i, sid in enumerate(sids):
+            assert two.ask("s2", "session_get", sid)["data"] == {"v": i}
