@@ -3,7 +3,9 @@
 Each row starts the two-shard stack of two-shards-partition-etcd (every process on a network namespace of its
 own: two shards of three Tarantool instances, three etcd members, one service, writers of both shards' clients),
 then `smartcache-cli cluster drain s1` in the service's namespace: it moves s1's 512 buckets to s2, two at a
-time, while the writers write. Three seconds into the drain comes the row's fault:
+time, while the writers write. Three seconds into the drain comes the row's fault (a kill or a stop waits, up to
+10 s, until a bucket is in flight on its shard's leader, so that it lands mid-copy: the buckets are small and a
+move takes tens of milliseconds):
 
 * move-kill-source / move-kill-destination: kill -9 s1's (s2's) leader, started again a TTL later;
 * move-stop-source / move-stop-destination: SIGSTOP s1's (s2's) leader for 2 x TTL, then SIGCONT;
@@ -16,16 +18,21 @@ Then nobody runs anything: the service's settler finishes or gives up what was l
 waits until no bucket of either shard is between states and checks, from storage: every bucket active on
 exactly one shard, the one the map names, with no row left on the other; every acknowledged session read back
 through the service; never two writable instances of one shard; and, sampled every 100 ms throughout from every
-writable instance, never one bucket active on two shards at one generation.
+writable instance, never one bucket active on two shards at one generation. The same sampler times each bucket's
+pause (from its send_start to active somewhere): the result's `bucket_pause` has its p50 and max, the moves the
+fault interrupted, and the drain's own pause per bucket (docs/sharding.md quotes them).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,17 +71,40 @@ def ok(answer: dict[str, Any] | None) -> dict[str, Any] | None:
     return answer if answer is not None and answer.get("status") == "OK" else None
 
 
+#: the states of a bucket between its send_start and its activation somewhere (its calls paused meanwhile)
+_PAUSED = ("sending", "sent", "receiving")
+
+
+@dataclass(frozen=True)
+class _Pause:
+    """One bucket's pause as storage showed it: from its send_start to the round that saw it active again."""
+
+    seconds: float
+    bucket: int
+    start: float  # monotonic
+    served_by: str  # the shard it was active on at the end: the destination, or the source (given up)
+
+
 class _Buckets(threading.Thread):
     """Every 100 ms, every writable instance of both shards: the buckets it serves, with their generations. A
-    bucket served at one generation by two shards in one round would be two live copies."""
+    bucket served at one generation by two shards in one round would be two live copies.
+
+    It also times each bucket's pause as storage shows it, from its send_start (the `since` of the source's
+    sending row, else the first round that saw it moving) to the first round that sees it active somewhere (the
+    destination, or the source again). Rounds where a shard has no writable instance count: the pause of a move
+    interrupted by a failover. A move shorter than a round may be missed: the drain's own p50 is the finer one."""
 
     def __init__(self, row: _MoveRow) -> None:
         super().__init__(daemon=True)
         self.row, self.stop, self.rounds, self.doubled = row, threading.Event(), 0, []  # type: ignore[var-annotated]
+        self.open: dict[int, float] = {}  # bucket -> when its pause began (monotonic)
+        self.pauses: list[_Pause] = []
 
     def run(self) -> None:
         while not self.stop.is_set():
+            now = time.monotonic()
             seen: dict[tuple[int, int], set[str]] = {}
+            moving: dict[int, float] = {}  # bucket -> when its pause began, as far as this round tells
             for shard, hosts in SHARD_HOSTS.items():
                 for h in hosts:
                     held = self.row.call(h, "buckets_held", timeout_s=0.3)
@@ -82,9 +112,41 @@ class _Buckets(threading.Thread):
                         continue
                     for b, gen in held["active"]:
                         seen.setdefault((b, gen), set()).add(shard)
+                    for m in held["moving"]:
+                        if m.get("state") not in _PAUSED:
+                            continue
+                        began = now
+                        if m["state"] == "sending" and m.get("since"):  # the source's send_start, on its clock
+                            began = min(now, now - (held["now_ms"] - m["since"]) / 1000)
+                        moving[m["bucket"]] = min(began, moving.get(m["bucket"], now))
             self.doubled += [(b, gen, sorted(s)) for (b, gen), s in seen.items() if len(s) > 1]
+            active = {b: sorted(s)[0] for (b, _), s in seen.items()}
+            for b, began in moving.items():
+                if b not in active:
+                    self.open[b] = min(began, self.open.get(b, began))
+            for b in [b for b in self.open if b in active]:
+                start = self.open.pop(b)
+                self.pauses.append(_Pause(now - start, b, start, active[b]))
             self.rounds += 1
             self.stop.wait(0.1)
+
+    def summary(self, fault: float) -> dict[str, Any]:
+        """The pauses seen: how many, p50 and max (s), the moves the fault interrupted (paused across it), the
+        five longest (with their start after the fault, s), and the buckets still paused."""
+        s = sorted(p.seconds for p in self.pauses)
+
+        def one(p: _Pause) -> dict[str, Any]:
+            return {"bucket": p.bucket, "s": round(p.seconds, 2), "from_fault_s": round(p.start - fault, 2),
+                    "served_by": p.served_by}  # fmt: skip
+
+        return {
+            "seen": len(s),
+            "p50_s": round(s[len(s) // 2], 2) if s else None,
+            "max_s": round(s[-1], 2) if s else None,
+            "interrupted": [one(p) for p in self.pauses if p.start <= fault <= p.start + p.seconds],
+            "longest": [one(p) for p in sorted(self.pauses, key=lambda p: -p.seconds)[:5]],
+            "unresolved": sorted(self.open),
+        }
 
 
 class _MoveRow(_NsRow):
@@ -101,6 +163,7 @@ class _MoveRow(_NsRow):
         self.driver = Child(name="drain", argv=net.argv_in(SERVICE_HOST, argv), env=cli_env,
                             log_path=base / "drain.log")  # fmt: skip
         self.drain_exit: int | None = None
+        self.in_flight = ""  # what the fault interrupted (the kill and stop rows)
 
     def call(self, host: str, procedure: str, *args: Any, timeout_s: float = 2.0) -> dict[str, Any] | None:
         ip, port = self.net.hosts[host].ip, self.fc.IPROTO_PORT
@@ -207,7 +270,58 @@ class _MoveRow(_NsRow):
             f"{getattr(self, 'moved', '?')} of 512 buckets on s2 at the end"
         )
         out["recovery_from"] = "fault"
+        out["bucket_pause"] = {"storage": self.buckets.summary(self.fault), "drain": self._drain_result()}
+        storage, drain = out["bucket_pause"]["storage"], out["bucket_pause"]["drain"]
+        out["notes"].append(
+            f"bucket pause seen in storage: p50 {storage['p50_s']} s, max {storage['max_s']} s over {storage['seen']}, "
+            f"the moves the fault interrupted {storage['interrupted']}; the drain's own: {drain.get('paused_ms')} ms, "
+            f"{drain.get('moved')} moved, {drain.get('given_up')} given up"
+        )
+        if self.in_flight:
+            out["notes"].append(self.in_flight)
         return out
+
+    def _drain_result(self) -> dict[str, Any]:
+        """The drain's last word (its JSON: moved, given up, the pause per bucket p50/p99/max), {} if none."""
+        try:
+            lines = (self.base / "drain.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return {}
+        for text in reversed(lines):
+            with contextlib.suppress(ValueError):
+                doc = json.loads(text.strip())
+                if isinstance(doc, dict) and "status" in doc:
+                    return {k: doc.get(k) for k in ("status", "moved", "given_up", "seconds", "paused_ms", "errors")}
+        return {}
+
+
+#: the state of a move in flight on each shard's leader (s1 the source, s2 the destination)
+_IN_FLIGHT = {"s1": "sending", "s2": "receiving"}
+#: how long a fault waits for a move in flight on its shard's leader
+IN_FLIGHT_WAIT_S = 10.0
+
+
+def _in_flight(row: _MoveRow, shard: str, host: str) -> None:
+    """Wait (IN_FLIGHT_WAIT_S at most) until the shard's leader has a bucket in flight (its copy under way), so
+    that the fault interrupts a move mid-copy, not the step between two moves; noted in the row's result."""
+    ip, port = row.net.hosts[host].ip, row.fc.IPROTO_PORT
+    deadline, found = time.monotonic() + IN_FLIGHT_WAIT_S, None
+    try:
+        conn = tarantool.Connection(ip, port, user="operator", password="operator", connection_timeout=1,
+                                    socket_timeout=1)  # fmt: skip
+    except (tarantool.error.Error, OSError):
+        return
+    try:
+        while found is None and time.monotonic() < deadline:
+            held = conn.call("sc.buckets_held", [None]).data[0]
+            found = next((m["bucket"] for m in held.get("moving") or [] if m.get("state") == _IN_FLIGHT[shard]), None)
+    except (tarantool.error.Error, OSError):
+        pass
+    finally:
+        conn.close()
+    state = _IN_FLIGHT[shard]
+    row.in_flight = (f"the fault came with bucket {found} {state} on {shard}'s leader" if found is not None
+                     else f"no bucket seen {state} on {shard}'s leader in {IN_FLIGHT_WAIT_S:g} s")  # fmt: skip
 
 
 def _kill(shard: str) -> Callable[[_MoveRow], None]:
@@ -216,6 +330,8 @@ def _kill(shard: str) -> Callable[[_MoveRow], None]:
         row.check(f"{shard} has a leader to kill", leader is not None)
         if leader is None:
             return
+        _in_flight(row, shard, leader)
+        row.fault = time.monotonic()
         row.node(leader).send_signal(signal.SIGKILL)
         time.sleep(row.fc.TTL_S)
         row.node(leader).start()
@@ -229,6 +345,8 @@ def _freeze(shard: str) -> Callable[[_MoveRow], None]:
         row.check(f"{shard} has a leader to stop", leader is not None)
         if leader is None:
             return
+        _in_flight(row, shard, leader)
+        row.fault = time.monotonic()
         row.node(leader).send_signal(signal.SIGSTOP)
         try:
             time.sleep(2 * row.fc.TTL_S)
