@@ -42,10 +42,10 @@ venv: sysdeps $(STAMP) console-assets  ## create .venv with the pinned Python pa
 # registry's sha512 integrity before it is unpacked into a git-ignored vendor dir (no node, no npm needed).
 UPLOT_VERSION   := 1.6.32
 UPLOT_INTEGRITY := sha512-KIMVnG68zvu5XXUbC4LQEPnhwOxBuLyW1AHtpm6IKTXImkbLgkMy+jabjLgSLMasNuGGzQm/ep3tOkyTxpiQIw==
-UPLOT_DIR       := smartcache/console/static/vendor/uplot
+UPLOT_DIR       := service/smartcache/console/static/vendor/uplot
 UPLOT_STAMP     := $(UPLOT_DIR)/.version-$(UPLOT_VERSION)
 
-console-assets: $(UPLOT_STAMP)  ## the console's uPlot (pinned, sha512-checked) from registry.npmjs.org into smartcache/console/static/vendor
+console-assets: $(UPLOT_STAMP)  ## the console's uPlot (pinned, sha512-checked) from registry.npmjs.org into service/smartcache/console/static/vendor
 
 $(UPLOT_STAMP):
 	@rm -rf $(UPLOT_DIR) && mkdir -p $(UPLOT_DIR)
@@ -59,7 +59,7 @@ $(UPLOT_STAMP):
 	@rm $(UPLOT_DIR)/uplot.tgz && touch $@
 
 run: venv  ## start etcd, three Tarantool instances (one elected leader), the service and the simulated backend; Ctrl-C stops all
-	$(PY) -m devtools.devstack
+	$(PY) -m smartcache.devstack
 
 test: venv  ## the whole test suite: Lua tap tests, then pytest
 	$(MAKE) lua-test
@@ -72,10 +72,10 @@ test-faults: venv  ## fault suite, as root (see docs/development.md for how long
 	$(PY) -m pytest -q -p no:cacheprovider -o python_files='selftest_*.py' tests/faults
 	timeout --kill-after=30 2700 $(PY) -m tests.faults
 
-lua-test: sysdeps  ## Lua tap tests only (lua/tests/*_test.lua)
-	@for t in lua/tests/*_test.lua; do \
+lua-test: sysdeps  ## Lua tap tests only (tests/lua/*_test.lua)
+	@for t in tests/lua/*_test.lua; do \
 		[ -e "$$t" ] || continue; \
-		echo "== $$t"; (cd lua && tarantool "tests/$$(basename $$t)") || exit 1; \
+		echo "== $$t"; tarantool "$$t" || exit 1; \
 	done
 
 # promtool, taken out of Debian's prometheus package into .venv/tools: installing the package would also
@@ -90,21 +90,20 @@ $(PROMTOOL):
 	@dpkg-deb -x $(VENV)/tools/deb/prometheus_*.deb $(VENV)/tools/root && rm -rf $(VENV)/tools/deb
 	@test -x $@
 
-lint: venv $(PROMTOOL)  ## ruff (check + format), import directions (import-linter), mypy strict on smartcache/ and devtools/, luacheck on lua/, the registry check, PROTOCOL.md tables vs the registry, promtool on the alert rules
-	$(VENV)/bin/ruff check smartcache tests loadtest devtools
-	$(VENV)/bin/ruff format --check smartcache tests loadtest devtools
+lint: venv $(PROMTOOL)  ## ruff (check + format), import directions (import-linter), mypy strict on service/, luacheck on lua/, the registry check, PROTOCOL.md tables vs the registry, promtool on the alert rules
+	$(VENV)/bin/ruff check service tests loadtest
+	$(VENV)/bin/ruff format --check service tests loadtest
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy smartcache devtools
+	$(VENV)/bin/mypy service/smartcache
 	luacheck lua
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_registry.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_docs.py
-	$(PY) -m devtools.protocol_doc --check
-	$(VENV)/bin/ruff check docker && $(VENV)/bin/ruff format --check docker
+	$(PY) -m smartcache.wire.gendoc --check
 	$(PROMTOOL) check rules docker/prometheus/alerts.yml
 
 fmt: venv  ## ruff format and autofix
-	$(VENV)/bin/ruff format smartcache tests loadtest devtools
-	$(VENV)/bin/ruff check --fix smartcache tests loadtest devtools
+	$(VENV)/bin/ruff format service tests loadtest
+	$(VENV)/bin/ruff check --fix service tests loadtest
 
 bench: venv  ## session scenario at W=1/16/128 with its ceilings (sketch, drained sketch, zmq echo), vs direct, CURVE, fsync, HA, one/two shards (about 5 min; var/bench.json)
 	$(PY) -m loadtest bench

@@ -26,7 +26,7 @@ RUN python3 -m venv /opt/venv \
         >/tmp/requirements.txt \
     && /opt/venv/bin/pip install -q -c constraints.txt -r /tmp/requirements.txt
 COPY README.md ./
-COPY smartcache smartcache
+COPY service service
 # proto/ is installed as the package smartcache.wire.spec (protocol.toml travels with the code).
 COPY proto/__init__.py proto/protocol.toml proto/PROTOCOL.md proto/
 RUN /opt/venv/bin/pip install -q --no-deps . \

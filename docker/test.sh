@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make docker-test`: build the images, bring the compose stack up, run the
-# end-to-end smoke suite (docker/test_smoke.py) from the host against ports
+# end-to-end smoke suite (tests/docker/test_smoke.py) from the host against ports
 # published on 127.0.0.1, and tear everything down: containers, networks, volumes,
 # and the images this run built (KEEP_IMAGES=1 keeps them for the next run).
 #
@@ -178,7 +178,7 @@ say "starting the stack (project $COMPOSE_PROJECT_NAME)"
 "${compose[@]}" up -d --no-build >"$work/up.log" 2>&1 || { cat "$work/up.log"; exit 1; }
 s0=$(date +%s)
 # shellcheck disable=SC2086 # PYTEST_ARGS: words on purpose
-"$PY" -m pytest -p no:cacheprovider --durations=0 -rA ${PYTEST_ARGS:-} docker/test_smoke.py
+"$PY" -m pytest -p no:cacheprovider --durations=0 -rA ${PYTEST_ARGS:-} tests/docker/test_smoke.py
 say "smoke suite passed in $(($(date +%s) - s0)) s (build $build_s s)"
 
 # --- the same images, two shards (docker/compose.shards.yml), on fresh volumes ------
@@ -193,5 +193,5 @@ fi
 "${compose[@]}" up -d --no-build >"$work/up-shards.log" 2>&1 || { cat "$work/up-shards.log"; exit 1; }
 s0=$(date +%s)
 # shellcheck disable=SC2086 # PYTEST_ARGS: words on purpose
-"$PY" -m pytest -p no:cacheprovider --durations=0 -rA ${PYTEST_ARGS:-} docker/test_shards.py
+"$PY" -m pytest -p no:cacheprovider --durations=0 -rA ${PYTEST_ARGS:-} tests/docker/test_shards.py
 say "two-shard suite passed in $(($(date +%s) - s0)) s"

@@ -31,7 +31,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from devtools.devstack import free_port
+from smartcache.devstack.stack import free_port
 from smartcache.server import eventloop
 from smartcache.server.handlers import session_text
 from smartcache.wire import REGISTRY

@@ -32,12 +32,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from devtools.devstack import Tarantool
 from loadtest import runner
 from loadtest.generator import Job
 from loadtest.report import format_line, percentile
 from loadtest.stack import ServiceUnderTest, service
 from smartcache.client import Client
+from smartcache.devstack.stack import Tarantool
 
 TARGET_COUNTER_RATIO = 0.8
 TARGET_HANDOVER_P99_MS = 2.0

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.devstack import Tarantool, free_port, wait_cluster_formed
 from smartcache.client import Client, CurveKeys
+from smartcache.devstack.stack import Tarantool, free_port, wait_cluster_formed
 from smartcache.wire.keys import create_key_pair
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -94,7 +94,7 @@ def ha_stack(
     ttl_s: int = 5, tarantool_env: dict[str, str] | None = None
 ) -> Iterator[tuple[list[Tarantool], ServiceUnderTest]]:
     """etcd + three Tarantool instances in HA mode (synchronous sessions) + the service given all three."""
-    from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
+    from smartcache.devstack.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
 
     base = Path(tempfile.mkdtemp(prefix="smartcache-bench-ha-"))
     etcd = EtcdCluster.create(base)  # three members, as make run and a deployment run it
@@ -172,8 +172,8 @@ def sharded_stack(
     sharded by client over that many trios (`cluster init --shards`); shards = 1 is the same path unsharded.
     mapped: how many of the trios the bucket map names at the start (the others wait for `shard add`);
     data_dir: where the instances' files go (default the temp dir)."""
-    from devtools.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
     from smartcache.cli import cluster  # noqa: PLC0415 - the server extra's connector
+    from smartcache.devstack.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
 
     base = Path(tempfile.mkdtemp(prefix="smartcache-bench-shards-", dir=data_dir))
     etcd = EtcdCluster.create(base)

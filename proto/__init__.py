@@ -2,5 +2,5 @@
 
 ``proto/protocol.toml`` is the one registry; a wheel carries it (and
 PROTOCOL.md) so that an installed client finds it with ``importlib.resources``
-(smartcache/wire/registry.py).
+(service/smartcache/wire/registry.py).
 """

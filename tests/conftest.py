@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import tarantool
 
-from devtools.devstack import Tarantool, free_port
 from smartcache.client import Client
+from smartcache.devstack.stack import Tarantool, free_port
 from smartcache.server import logs
 from smartcache.server.app import Service
 from smartcache.server.config import Settings

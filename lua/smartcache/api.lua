@@ -158,7 +158,7 @@ end
 -- a client's data is the client id; a session's, the session id (the bucket it
 -- carries); a device binding's, the device id; a coordination object's, its name;
 -- the global cache namespace's, the cache key. Every procedure is in ROUTE or in
--- UNROUTED (lua/tests/buckets_test.lua fails for one that is in neither).
+-- UNROUTED (tests/lua/buckets_test.lua fails for one that is in neither).
 local function first_key(value)
     return 'key', value
 end

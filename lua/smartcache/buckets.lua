@@ -1,6 +1,6 @@
 -- Buckets: which of a sharded cluster's B buckets a key belongs to, and the
 -- bucket a session id carries. docs/design/sharding.md is the design; the
--- service computes the same in smartcache/wire/buckets.py, and both are tested
+-- service computes the same in service/smartcache/wire/buckets.py, and both are tested
 -- against proto/vectors/buckets.json.
 --
 -- A key's bucket is crc32c(key) mod B: CRC-32C (Castagnoli). Tarantool's

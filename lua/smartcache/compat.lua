@@ -66,8 +66,8 @@ M.WORKAROUNDS = {
         issue = nil, fixed_in = nil,
         where = 'quorum.lua (GUARDED, join), event_partitions.lua, failover/box_adapter.lua (probe, disk_check), '
             .. 'cache.lua (a delete of a missing key is a WAL row no trigger sees: read first); '
-            .. 'smartcache/server/storage/instances.py maybe_applied (ER_WAL_IO of an HA leader: outcome unknown)',
-        test = 'tests/integration/test_limbo.py; lua/tests/quorum_test.lua (a write that finds nothing writes '
+            .. 'service/smartcache/server/storage/instances.py maybe_applied (ER_WAL_IO of an HA leader: outcome unknown)',
+        test = 'tests/integration/test_limbo.py; tests/lua/quorum_test.lua (a write that finds nothing writes '
             .. 'no WAL row); the fault suite (load-fuzz-mix)',
     },
     {
@@ -86,7 +86,7 @@ M.WORKAROUNDS = {
             .. '("Unknown request type 40"): the joiner asks the leader to hold writes (sc.join_hold)',
         issue = 'tarantool#5566', fixed_in = nil,
         where = 'init.lua (hold_leader_for_join), failover/join_hold.lua, quorum.lua (join)',
-        test = 'tests/integration/test_snapshot_recovery.py (join under load), lua/tests/failover_test.lua',
+        test = 'tests/integration/test_snapshot_recovery.py (join under load), tests/lua/failover_test.lua',
     },
     {
         name = 'QUORUM_EXTRA_ACKS_STALL',
@@ -96,7 +96,7 @@ M.WORKAROUNDS = {
             .. 'configured quorum; lowering the quorum confirms the writes already waiting)',
         issue = 'tarantool#5144, #5185, #5195', fixed_in = nil,
         where = 'failover/sync_quorum.lua (quorum_for, acknowledging)',
-        test = 'lua/tests/failover_test.lua (quorum counts every attached follower; one that stops '
+        test = 'tests/lua/failover_test.lua (quorum counts every attached follower; one that stops '
             .. 'acknowledging leaves it); tests/integration/test_failover_dcs.py; the fault suite',
     },
     {
@@ -105,7 +105,7 @@ M.WORKAROUNDS = {
             .. 'they had and roll back on the leader only: the quorum goes up once the limbo has drained',
         issue = nil, fixed_in = nil,
         where = 'failover/sync_quorum.lua (raise_quorum)',
-        test = 'lua/tests/failover_test.lua (the quorum goes up only once the limbo has drained); the fault suite',
+        test = 'tests/lua/failover_test.lua (the quorum goes up only once the limbo has drained); the fault suite',
     },
     {
         name = 'CLEAR_SYNCHRO_QUEUE_WAITS',
@@ -130,7 +130,7 @@ M.WORKAROUNDS = {
             .. 'follower reconnects it every 5 s and reports it',
         issue = 'tarantool#13134', fixed_in = nil,
         where = 'failover/watch.lua (watch_upstream), runtime.lua (health)',
-        test = 'lua/tests/failover_test.lua (a follower whose applier stopped reconnects it)',
+        test = 'tests/lua/failover_test.lua (a follower whose applier stopped reconnects it)',
     },
     {
         name = 'WAL_FAILURE_CRASH',
@@ -138,14 +138,14 @@ M.WORKAROUNDS = {
             .. 'txn_free): a leader steps down on low free space, before writes fail',
         issue = nil, fixed_in = nil,
         where = 'failover/watch.lua (check_disk), disk.lua',
-        test = 'lua/tests/failover_test.lua (a WAL disk that runs out of room); the fault suite (disk-full)',
+        test = 'tests/lua/failover_test.lua (a WAL disk that runs out of room); the fault suite (disk-full)',
     },
     {
         name = 'NO_BOX_INFO_SYNCHRO',
         why = 'box.info.synchro does not exist: sc.role answers sync_queue_len = null',
         issue = 'tarantool#5191', fixed_in = {{2, 7, 3}, {2, 10, 0}},  -- 2.8/2.9 not checked: null there
         where = 'failover/procedures.lua (role)',
-        test = 'lua/tests/compat_test.lua',
+        test = 'tests/lua/compat_test.lua',
     },
     {
         name = 'NO_SPACE_ALTER',
@@ -177,7 +177,7 @@ M.WORKAROUNDS = {
             .. 'util.replace) only inside a transaction and on spaces without a Lua trigger',
         issue = 'tarantool#4427', fixed_in = nil,  -- a LuaJIT rule, not a bug of one release
         where = 'util.lua (insert, replace), quorum.lua (guard registers its spaces)',
-        test = 'lua/tests/sessions_test.lua (hot loops with a Lua trigger), lua/tests/quorum_test.lua',
+        test = 'tests/lua/sessions_test.lua (hot loops with a Lua trigger), tests/lua/quorum_test.lua',
     },
 }
 

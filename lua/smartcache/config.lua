@@ -213,7 +213,7 @@ M.events_maintenance_s = util.env_number('SC_EVENTS_MAINTENANCE_S', 60)
 M.debug_procedures = util.env_string('SC_DEBUG_PROCEDURES', '') == '1'
 
 -- luacheck: push max comment line length 160
--- The deadline budget, storage side (smartcache/server/deadlines.py holds the service side; tests/unit/test_deadlines.py checks the order)
+-- The deadline budget, storage side (service/smartcache/server/deadlines.py holds the service side; tests/unit/test_deadlines.py checks the order)
 -- luacheck: pop
 -- A single-key read waiting for a pending write of its key (smartcache.api) stops this long
 -- before the call's deadline, so its answer (WRITE_PENDING) reaches the service in time.

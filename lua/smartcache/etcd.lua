@@ -12,7 +12,7 @@
 -- kind 'unavailable' (no member answered in time: the caller cannot tell
 -- whether a write happened) or 'failed' (etcd answered with an error).
 -- Both the HTTP client and the clock are injectable, so tests drive this
--- against a fake etcd with no sockets (lua/tests/etcd_test.lua).
+-- against a fake etcd with no sockets (tests/lua/etcd_test.lua).
 --
 -- Several members (SC_ETCD lists them all). A call goes first to the member
 -- that answered last, and moves on to the next one, each at most once, when

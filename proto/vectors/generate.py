@@ -1,6 +1,6 @@
 """Regenerate proto/vectors/vectors.json from PROTOCOL.md alone (struct + msgpack).
 
-Deliberately independent of smartcache/wire/: the vectors check the codec,
+Deliberately independent of service/smartcache/wire/: the vectors check the codec,
 so they must not be made by it. Run: .venv/bin/python proto/vectors/generate.py
 """
 

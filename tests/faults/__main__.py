@@ -24,12 +24,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from devtools.devstack import ROOT
-from devtools.netns import NetnsError, Network
+from smartcache.devstack.stack import ROOT
 from tests.faults.cluster import HOSTS, TTL_S
 from tests.faults.harness import execute
 from tests.faults.report import line, table
 from tests.faults.scenarios import SCENARIOS
+from tests.netns import NetnsError, Network
 
 
 def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, {platform.release()}",
         "tarantool": _tarantool_version(),
         "ttl_s": TTL_S,
-        "partitions": "network namespaces (devtools/netns.py), packets dropped on arrival by nftables",
+        "partitions": "network namespaces (tests/netns.py), packets dropped on arrival by nftables",
         "duration_s": round(time.monotonic() - started, 1),
         "passed": all(r["passed"] for r in results),
         "results": results,

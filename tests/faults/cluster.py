@@ -1,6 +1,6 @@
-"""The system under test, each process on a host of its own (devtools/netns.py).
+"""The system under test, each process on a host of its own (tests/netns.py).
 
-Three etcd members (devtools/etcd.py's EtcdCluster; hosts etcd1..etcd3, the
+Three etcd members (service/smartcache/devstack/etcd.py's EtcdCluster; hosts etcd1..etcd3, the
 network group "etcd" standing for all three), three Tarantool instances in HA
 mode (lua/init.lua) and two service instances (``python -m smartcache.server``),
 every one inside its network namespace with the address of its host and the
@@ -33,10 +33,10 @@ from typing import Any, TypeVar
 
 import tarantool
 
-from devtools.devstack import LUA_INIT, Child, http_get_json
-from devtools.etcd import EtcdCluster
-from devtools.netns import Network
+from smartcache.devstack.etcd import EtcdCluster
+from smartcache.devstack.stack import LUA_INIT, Child, http_get_json
 from tests.integration.conftest_ha import ha_env
+from tests.netns import Network
 
 T = TypeVar("T")
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devtools.netns import Network
 from tests.faults import checkers, disks, linear, load
 from tests.faults.checkers import SYNC_WORKLOADS, Verdict
 from tests.faults.cluster import NODES, TTL_S, Cluster, until
@@ -39,6 +38,7 @@ from tests.faults.workloads import (
     Worker,
     create_hot_sessions,
 )
+from tests.netns import Network
 
 #: workers per workload; each worker uses one service, alternating s1, s2
 LOAD = {"set": 2, "register": 4, "counter": 2, "cache": 1}

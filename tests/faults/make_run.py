@@ -1,6 +1,6 @@
 """The row make-run-kill-leader: the newcomer's stack, not the fault suite's namespaced cluster.
 
-`make run` (``python -m devtools.devstack`` on a moved port offset, as tests/integration/test_devstack_restarts.py
+`make run` (``python -m smartcache.devstack`` on a moved port offset, as tests/integration/test_devstack_restarts.py
 starts it) with a writer creating sessions through its service and a sampler asking each Tarantool instance its
 role every 50 ms; `kill -9` of the leader found with `smartcache-cli cluster status`. make run must report the
 death, keep the rest running, restart the instance so that it follows, and the writes must resume by themselves.

@@ -24,10 +24,10 @@ from typing import Any
 
 import tarantool
 
-from devtools.devstack import LUA_INIT, Child, http_get_json
-from devtools.etcd import EtcdCluster
 from smartcache.cli import cluster
 from smartcache.client import Client, RequestError
+from smartcache.devstack.etcd import EtcdCluster
+from smartcache.devstack.stack import LUA_INIT, Child, http_get_json
 from smartcache.wire import buckets
 from tests.faults import checkers
 from tests.faults import cluster as fc
@@ -239,7 +239,7 @@ REJOIN_EXIT = 75
 
 class _NsRow(_Row):
     """Two shards of three instances, three etcd members and one service, each on a host of its own (the suite's
-    network namespaces: devtools/netns.py); s1's leader cut from etcd for CUT_TTLS x TTL."""
+    network namespaces: tests/netns.py); s1's leader cut from etcd for CUT_TTLS x TTL."""
 
     def __init__(self, base: Path, net: Any) -> None:
         self.started = time.monotonic()

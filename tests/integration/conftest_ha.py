@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import tarantool
 
-from devtools.devstack import Tarantool
-from devtools.etcd import EtcdCluster
+from smartcache.devstack.etcd import EtcdCluster
+from smartcache.devstack.stack import Tarantool
 
 T = TypeVar("T")
 

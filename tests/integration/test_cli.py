@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from devtools.devstack import Tarantool, free_port
 from smartcache import __version__
 from smartcache.cli.main import _parser
+from smartcache.devstack.stack import Tarantool, free_port
 from tests.conftest import Running, service_process
 
 BIN = Path(sys.executable).parent

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from devtools.devstack import Tarantool
+from smartcache.devstack.stack import Tarantool
 
 
 def _cli(*args: str, timeout_s: float | None = None) -> tuple[int, dict]:

@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from devtools.etcd import EtcdCluster
+from smartcache.devstack.etcd import EtcdCluster
 from tests.integration.conftest_ha import HACluster, ha_cluster
 
 

@@ -28,10 +28,10 @@ from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from devtools.devstack import free_port
 from smartcache.client import Client
 from smartcache.console.app import ACTION_ROUTES, make_app
 from smartcache.console.settings import from_args
+from smartcache.devstack.stack import free_port
 from tests.conftest import ServiceProcess, service_process
 from tests.integration.conftest_ha import TTL_S, HACluster, eventually, ha_cluster, wait_for
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from devtools.devstack import Tarantool
 from smartcache.client import AsyncClient, Client
+from smartcache.devstack.stack import Tarantool
 from smartcache.wire.errors import LeaseLost, NotAcquired
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devtools.devstack import (
+from smartcache.devstack.stack import (
     DEFAULT_EVENTS_PORT,
     DEFAULT_LISTEN_PORT,
     DEFAULT_PORTS,
@@ -96,7 +96,12 @@ def _cli(env: dict[str, str], *args: str) -> dict:
 def _make_run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """A make run expected to stop at once (its checks fail)."""
     return subprocess.run(
-        [sys.executable, "-m", "devtools.devstack"], env=env, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "smartcache.devstack"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -148,7 +153,7 @@ def test_make_run_moved_by_one_variable_serves_the_quick_start_shows_coloured_lo
     listen = f"tcp://127.0.0.1:{DEFAULT_LISTEN_PORT + offset}"
     metrics = f"http://127.0.0.1:{DEFAULT_PORTS['SMARTCACHE_METRICS_PORT'] + offset}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "devtools.devstack"], env=env, stdout=terminal.slave, stderr=terminal.slave
+        [sys.executable, "-m", "smartcache.devstack"], env=env, stdout=terminal.slave, stderr=terminal.slave
     )
     os.close(terminal.slave)
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from devtools.devstack import (
+from smartcache.devstack.stack import (
     DEFAULT_EVENTS_PORT,
     DEFAULT_LISTEN_PORT,
     DEFAULT_PORTS,
@@ -91,7 +91,7 @@ def _moved_env(var: Path) -> tuple[dict[str, str], int]:
 
 @dataclass
 class MakeRun:
-    """`python -m devtools.devstack` on a moved offset, its output in files, every process it ever had."""
+    """`python -m smartcache.devstack` on a moved offset, its output in files, every process it ever had."""
 
     var: Path
     #: more of make run's variables (SMARTCACHE_SHARDS=2: two trios, sharded)
@@ -113,7 +113,7 @@ class MakeRun:
         self.env.update(self.extra_env)
         with (self.var / "out.txt").open("wb") as out, (self.var / "err.txt").open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "devtools.devstack"], env=self.env, stdout=out, stderr=err
+                [sys.executable, "-m", "smartcache.devstack"], env=self.env, stdout=out, stderr=err
             )
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -235,7 +235,7 @@ def test_kill_9_of_the_etcd_leader_restarts_it_and_writes_go_on(stack: MakeRun) 
 def test_make_run_refuses_the_old_single_etcd_port_variable(tmp_path: Path) -> None:
     env, _ = _moved_env(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "devtools.devstack"],
+        [sys.executable, "-m", "smartcache.devstack"],
         env={**env, "ETCD_PORT": "2379"},
         capture_output=True,
         text=True,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devtools.etcd import ask
+from smartcache.devstack.etcd import ask
 from tests.integration.conftest_ha import TTL_S, HACluster, WritableSampler, eventually, ha_cluster
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from devtools.devstack import Tarantool
 from smartcache.client import Client, CurveKeys, Event, Subscription
+from smartcache.devstack.stack import Tarantool
 from smartcache.server.parsers import parse_bulkheads
 from smartcache.wire.errors import RequestError
 from smartcache.wire.keys import create_key_pair

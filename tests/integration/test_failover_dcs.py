@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import tarantool
 
-from devtools.devstack import free_port
-from devtools.etcd import EtcdCluster
+from smartcache.devstack.etcd import EtcdCluster
+from smartcache.devstack.stack import free_port
 from tests.integration.conftest_ha import TTL_S, HACluster, WritableSampler, eventually, ha_cluster, wait_for
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import tarantool
 
-from devtools.devstack import Tarantool, http_get_json
+from smartcache.devstack.stack import Tarantool, http_get_json
 from tests.conftest import call, connect
 from tests.integration.conftest_ha import TTL_S, HACluster, WritableSampler, eventually, ha_cluster, wait_for
 

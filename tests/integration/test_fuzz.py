@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from devtools.devstack import Tarantool, free_port
+from smartcache.devstack.stack import Tarantool, free_port
 from smartcache.wire import (
     HEADER_STRUCT,
     REGISTRY,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from devtools.devstack import Tarantool
+from smartcache.devstack.stack import Tarantool
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from devtools.devstack import Tarantool
+from smartcache.devstack.stack import Tarantool
 from tests.conftest import running_service, service_settings
 
 

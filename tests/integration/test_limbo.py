@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from devtools.devstack import free_port
+from smartcache.devstack.stack import free_port
 
 LEADER = r"""
 package.path = arg[4] .. '/?.lua;' .. package.path

@@ -23,10 +23,9 @@ import pytest
 import structlog
 import zmq
 
-from devtools.devstack import Tarantool, free_port
-from devtools.tcpproxy import DELAY_REPLIES, TcpProxy
 from loadtest.backend import Backend
 from smartcache.client import Client, Reply
+from smartcache.devstack.stack import Tarantool, free_port
 from smartcache.server import logs
 from smartcache.server.handlers import Context, Request
 from smartcache.server.handlers.routes import ALL_HANDLERS
@@ -45,6 +44,7 @@ from smartcache.wire import (
 from smartcache.wire.errors import RequestError
 from tests.conftest import Running, SlowProbe, call, connect, running_service, service_settings
 from tests.helpers import eventually, metric
+from tests.tcpproxy import DELAY_REPLIES, TcpProxy
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheels")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("smartcache", "proto"):
+    for name in ("service", "proto"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, *PIP, "wheel", "--no-deps", "-w", str(out), str(src)], check=True)
     (built,) = out.glob("smartcache-*.whl")
@@ -48,7 +48,7 @@ def test_the_wheel_holds_one_top_level_package_with_its_registry(wheel: Path) ->
     top = {n.split("/")[0] for n in names if not n.startswith("smartcache-")}
     assert top == {"smartcache"}
     assert "smartcache/wire/spec/protocol.toml" in names
-    assert not any(n.startswith(("loadtest/", "devtools/", "service/", "tests/")) for n in names)
+    assert not any(n.startswith(("loadtest/", "service/", "tests/", "smartcache/devstack/")) for n in names)
 
 
 def test_the_client_installs_with_zeromq_and_msgpack_only(client_venv: Path) -> None:

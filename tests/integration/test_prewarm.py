@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from devtools.devstack import Tarantool
 from loadtest.backend import Backend
+from smartcache.devstack.stack import Tarantool
 from tests.conftest import Running, call, connect, running_service, service_settings
 from tests.helpers import eventually, metric
 

@@ -21,13 +21,13 @@ import zmq
 import zmq.auth
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.devstack import Tarantool
-from devtools.tcpproxy import DELAY_REPLIES, TcpProxy
 from smartcache.client.base import request_frames
+from smartcache.devstack.stack import Tarantool
 from smartcache.wire import FLAG_DATA_ERROR, REGISTRY, STATUS, TRANSPORT_ERROR, Header, decode_body, decode_header
 from smartcache.wire import encode_header as encode
 from tests.conftest import service_env
 from tests.helpers import eventually, metric
+from tests.tcpproxy import DELAY_REPLIES, TcpProxy
 
 PROCESSES = 2
 #: each client's bad-input answers per second and child: low, so that one client runs out of them

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from devtools.devstack import Tarantool
-from devtools.etcd import EtcdCluster
 from smartcache.cli import cluster, moves, output
 from smartcache.client import Client
+from smartcache.devstack.etcd import EtcdCluster
+from smartcache.devstack.stack import Tarantool
 from smartcache.wire import buckets, topology
 from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings

@@ -16,8 +16,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from devtools.devstack import Tarantool, free_port
 from smartcache.client import Client, CurveKeys
+from smartcache.devstack.stack import Tarantool, free_port
 from smartcache.wire.errors import RequestError, RequestTimeout
 from smartcache.wire.keys import create_key_pair
 from tests.conftest import Running, running_service, service_settings

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zmq
 
-from devtools.devstack import Tarantool
+from smartcache.devstack.stack import Tarantool
 from smartcache.wire import (
     FLAG_DATA_ERROR,
     REGISTRY,

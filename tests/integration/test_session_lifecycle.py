@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from devtools.devstack import Tarantool
 from smartcache.client import Client, Status
+from smartcache.devstack.stack import Tarantool
 from tests.conftest import Running, running_service, service_settings
 
 

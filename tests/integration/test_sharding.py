@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from devtools.devstack import Tarantool
-from devtools.etcd import EtcdCluster
 from loadtest.backend import Backend
 from smartcache.cli import cluster
 from smartcache.client import Client
+from smartcache.devstack.etcd import EtcdCluster
+from smartcache.devstack.stack import Tarantool
 from smartcache.server.app import Service
 from smartcache.server.config import Settings
 from smartcache.server.storage.shards import BucketMap

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from devtools.devstack import Tarantool
 from smartcache.client import Client
+from smartcache.devstack.stack import Tarantool
 from smartcache.wire import REGISTRY
 from smartcache.wire.registry import REGISTRY_PATH
 from tests.conftest import Running, running_service, service_settings

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import tarantool
 
-from devtools.devstack import Tarantool
+from smartcache.devstack.stack import Tarantool
 from smartcache.wire.errors import RequestError
 from tests.conftest import call, connect, running_service, service_settings
 from tests.helpers import eventually, metric

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import structlog
 
-from devtools.devstack import Tarantool
-from devtools.tcpproxy import BLACKHOLE, PASS, TcpProxy
 from smartcache.client import Client, Reply
+from smartcache.devstack.stack import Tarantool
 from smartcache.server import logs
 from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
 from tests.integration.conftest_ha import HACluster, ha_cluster
+from tests.tcpproxy import BLACKHOLE, PASS, TcpProxy
 
 pytestmark = pytest.mark.slow
 

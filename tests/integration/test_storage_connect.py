@@ -1,4 +1,4 @@
-"""A connect attempt that does not complete leaves no socket open (smartcache/server/storage/instances.py,
+"""A connect attempt that does not complete leaves no socket open (service/smartcache/server/storage/instances.py,
 Connection): against a real TCP listener that accepts and never sends Tarantool's greeting, as a
 loading or frozen Tarantool does."""
 

@@ -1,5 +1,5 @@
-"""make run's supervisor (devtools/supervise.py) on cheap children: Ctrl-C at any moment stops every child,
-a dead child is restarted while the others run on, repeated quick deaths stop everything."""
+"""make run's supervisor (service/smartcache/devstack/supervise.py) on cheap children: Ctrl-C at any moment stops every
+child, a dead child is restarted while the others run on, repeated quick deaths stop everything."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ def _alive(pid: int) -> bool:
 
 
 class Supervise:
-    """`python -m devtools.supervise` as a child of the test: the PIDs it reports, its stderr."""
+    """`python -m smartcache.devstack.supervise` as a child of the test: the PIDs it reports, its stderr."""
 
     def __init__(self, logs: Path, *commands: str, **options: float) -> None:
-        argv = [sys.executable, "-m", "devtools.supervise", "--logs", str(logs)]
+        argv = [sys.executable, "-m", "smartcache.devstack.supervise", "--logs", str(logs)]
         for k, v in options.items():
             argv += [f"--{k.replace('_', '-')}", str(v)]
         self.proc = subprocess.Popen(

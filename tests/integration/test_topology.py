@@ -4,7 +4,7 @@ A fourth instance added with ``smartcache-cli cluster add`` under write load joi
 leader's quorum, and is removed again the same way (out of the quorum first, then out of the list), with
 no restart of anything and no acknowledged write lost; the leader is never removed; the service finds the
 new instance in etcd and forgets it again (INFO's storage list). lua/README.md, "Topology", says why each
-step is safe; lua/tests/failover_test.lua tests the state machine against a fake etcd.
+step is safe; tests/lua/failover_test.lua tests the state machine against a fake etcd.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from devtools.devstack import Tarantool
 from smartcache.cli import cluster, etcd
+from smartcache.devstack.stack import Tarantool
 from smartcache.wire import topology
 from tests.conftest import running_service, service_settings
 from tests.integration.conftest_ha import HACluster, WritableSampler, eventually, ha_cluster, wait_for

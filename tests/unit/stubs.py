@@ -122,7 +122,7 @@ def sample(metric: MetricWrapperBase, suffix: str = "_total", **labels: str) -> 
 
 
 def make_queue(settings: Settings) -> PriorityQueue:
-    """The queue the broker makes (smartcache/server/broker/broker.py): registry priorities, bulkheads."""
+    """The queue the broker makes (service/smartcache/server/broker/broker.py): registry priorities, bulkheads."""
     return PriorityQueue(
         capacity=settings.queue_capacity,
         priorities={t.id: t.priority for t in REGISTRY.types.values()},

@@ -1,5 +1,5 @@
-"""Buckets (smartcache/wire/buckets.py) against proto/vectors/buckets.json, which the Lua side is tested against
-too (lua/tests/buckets_test.lua): the service and storage must agree on every key's bucket."""
+"""Buckets (service/smartcache/wire/buckets.py) against proto/vectors/buckets.json, which the Lua side is tested against
+too (tests/lua/buckets_test.lua): the service and storage must agree on every key's bucket."""
 
 from __future__ import annotations
 

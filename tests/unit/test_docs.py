@@ -1,7 +1,7 @@
 """The pages say what the code does: every number a page states that the code also holds, checked.
 
-Each number has one home in the code (ports in ``smartcache/wire/ports.py``, the service's
-variables in ``smartcache/server/config.py``, Tarantool's in ``lua/smartcache/config.lua``,
+Each number has one home in the code (ports in ``service/smartcache/wire/ports.py``, the service's
+variables in ``service/smartcache/server/config.py``, Tarantool's in ``lua/smartcache/config.lua``,
 what a target installs and how long it may run in the Makefile, the Compose stack's ports and
 defaults in ``docker-compose.yml``) and, where a page states it, one home in the docs (a
 target's duration: docs/development.md's target table). This reads the files, never runs
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import devstack
+from smartcache.devstack import stack as devstack
 from smartcache.server import config
 from smartcache.wire import ports
 
@@ -99,7 +99,7 @@ def variables(text: str, prefix: str) -> set[str]:
     return names
 
 
-# --- ports: smartcache/wire/ports.py -------------------------------------------------------------
+# --- ports: service/smartcache/wire/ports.py -------------------------------------------------------------
 
 #: every port make run listens on, and what SMARTCACHE_PORT_OFFSET moves
 MAKE_RUN_PORTS = {
@@ -168,7 +168,7 @@ def test_configuration_md_defaults_of_the_endpoints_are_the_ports_of_ports_py() 
     assert port_numbers(cli) == set(ports.TARANTOOL_PORTS)
 
 
-# --- the service's variables: smartcache/server/config.py -----------------------------------------
+# --- the service's variables: service/smartcache/server/config.py -----------------------------------------
 
 
 def service_variables() -> set[str]:

@@ -1,4 +1,4 @@
-"""The bucket map's arithmetic and the plans of rebalance and drain (smartcache/cli/moves.py)."""
+"""The bucket map's arithmetic and the plans of rebalance and drain (service/smartcache/cli/moves.py)."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def test_every_protocol_error_class_names_a_registered_transport_error() -> None
 def test_every_transport_error_the_service_answers_with_is_registered() -> None:
     """String literals passed to failure(), refuse(), _bad_input() and error() in smartcache/."""
     pattern = re.compile(r'(?:failure|refuse|_bad_input|\.error)\([^)]*?"([A-Z_]{4,})"', re.S)
-    used = {m for p in (ROOT / "smartcache").rglob("*.py") for m in pattern.findall(p.read_text())}
+    used = {m for p in (ROOT / "service" / "smartcache").rglob("*.py") for m in pattern.findall(p.read_text())}
     assert {"QUEUE_FULL", "EXPIRED", "OUTCOME_UNKNOWN", "STORAGE_UNAVAILABLE", "INTERNAL"} <= used
     assert used <= set(REGISTRY.transport_errors), used - set(REGISTRY.transport_errors)
 

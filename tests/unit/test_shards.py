@@ -1,4 +1,4 @@
-"""Routing by bucket (smartcache/server/storage/shards.py): the bucket map, each call's bucket by the rules storage
+"""Routing by bucket (service/smartcache/server/storage/shards.py): the bucket map, each call's bucket by the rules storage
 applies (checked against lua/smartcache/api.lua's ROUTE), and a stale map costing retries, never a misplaced call."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Discovery without I/O: the topology's JSON, and how the storage connection follows what etcd lists
-(smartcache/wire/topology.py, smartcache/server/storage/discovery.py, routing.Storage._apply)."""
+(service/smartcache/wire/topology.py, service/smartcache/server/storage/discovery.py, routing.Storage._apply)."""
 
 from __future__ import annotations
 

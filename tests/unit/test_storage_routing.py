@@ -1,4 +1,4 @@
-"""Storage routing without I/O: when no election is coming (smartcache/server/storage/routing.py
+"""Storage routing without I/O: when no election is coming (service/smartcache/server/storage/routing.py
 unreachable_leader), a write waiting for storage that the deadline sweep cancels is answered as not
 executed, not left to EXPIRED, where a read goes while no one leads, and a write the leader holds."""
 

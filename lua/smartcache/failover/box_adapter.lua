@@ -1,5 +1,5 @@
 -- The real box, as the failover state machine sees it (the tests give it a
--- fake one: lua/tests/failover_test.lua). Also the box errors it tells apart.
+-- fake one: tests/lua/failover_test.lua). Also the box errors it tells apart.
 local fiber = require('fiber')
 local fio = require('fio')
 local errno = require('errno')

@@ -8,7 +8,7 @@
 --   control  read the leader key; follow, elect, promote (election.lua, watch.lua);
 --            publish our member record (here)
 -- Each step runs alone against an injected clock, etcd client and box adapter
--- (lua/tests/failover_test.lua).
+-- (tests/lua/failover_test.lua).
 local clock = require('clock')
 local fiber = require('fiber')
 local log = require('log')

@@ -1,1 +1,0 @@
-"""Development helpers that are not part of the service: child processes for tests and `make run`."""

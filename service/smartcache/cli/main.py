@@ -1,0 +1,390 @@
+"""smartcache-cli: talk to a running service from a shell; prints one JSON object.
+
+Examples::
+
+    smartcache-cli ping
+    smartcache-cli session-create client-42 --data '{"step": 1}'
+    smartcache-cli session-get 6f1c2d4e-0b7a-4c55-9a51-3f0e8c1d2b6a
+    smartcache-cli --endpoint tcp://10.0.0.5:5555 device-lookup dev-1
+    SMARTCACHE_ENDPOINT=tcp://10.0.0.5:5555 smartcache-cli ping
+
+Endpoint: --endpoint, else the SMARTCACHE_ENDPOINT environment variable,
+else tcp://127.0.0.1:5555 (plus SMARTCACHE_PORT_OFFSET, as make run moves it).
+
+Output: one document on stdout: "status" and the reply's fields, laid out for
+reading on a terminal (info in sections like redis-cli INFO, cluster status as
+tables), one JSON object with --json or when stdout is not a terminal (a pipe,
+a file). Session ids are UUID text everywhere (session-list included); other
+byte strings are {"hex": "..."}. A transport error or a timeout prints
+{"error": NAME, "message": ..., "endpoint": ...}; bad arguments print
+{"error": "BAD_ARGUMENT", "message": ...} (and the usage on stderr).
+
+Exit codes: 0 an OK reply; 1 another status (NOT_FOUND, CONFLICT...); 2 a
+transport error, a timeout, or bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import zmq
+
+from smartcache import __version__
+from smartcache.cli import admin as cli_admin
+from smartcache.cli import coordination as cli_coordination
+from smartcache.cli import events as cli_events
+from smartcache.cli import output
+from smartcache.client import DEFAULT_TIMEOUT_S, Client, CurveKeys, Reply
+from smartcache.wire import REGISTRY
+from smartcache.wire.errors import RequestError, RequestTimeout
+from smartcache.wire.ports import ENDPOINT_VARIABLE, LISTEN_PORT, PORT_OFFSET_VARIABLE, default_endpoint
+
+#: product data types the core backend serves (the service's SMARTCACHE_PREWARM_TYPES default)
+DATA_TYPES = "1 accounts, 2 cards, 3 deposits, 4 loans"
+# Any number the core backend knows is accepted; these four are what the service prewarms by
+# default (SMARTCACHE_PREWARM_TYPES).
+PRODUCT_TYPES = f"any number the core backend knows; {DATA_TYPES} are prewarmed by default"
+EXIT_OK, EXIT_STATUS, EXIT_TRANSPORT = 0, 1, 2
+#: subcommands whose DATA is parsed as JSON unless --raw is given
+DATA_HELP = "JSON: an object, a list, a number, true/false/null or a string in double quotes"
+RAW_HELP = "send DATA as a plain string instead of parsing it as JSON"
+
+
+def _jsonable(value: Any, key: str = "") -> Any:
+    if isinstance(value, bytes):
+        if key == "session_id" and len(value) == 16:
+            return str(uuid.UUID(bytes=value))
+        return {"hex": value.hex()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v, k) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v, key) for v in value]
+    return value
+
+
+def _render(reply: Reply) -> dict[str, Any]:
+    out = {"status": reply.status, **_jsonable({k: v for k, v in reply.body.items() if k != "status"})}
+    if reply.session_id is not None:
+        out["session_id"] = str(reply.session_id)
+    return out
+
+
+def _session(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a session id (UUID text, as session-create prints)"
+        ) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one JSON object on stdout too, like every other outcome; the usage goes to stderr."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        _print({"error": "BAD_ARGUMENT", "message": f"{self.prog}: {message}"})
+        sys.exit(EXIT_TRANSPORT)
+
+
+JSON_HELP = (
+    "print one JSON line per answer (the default when standard output is not a terminal: a pipe, a file); on a "
+    "terminal the answer is laid out for reading; before or after the command"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="smartcache-cli",
+        description="Send one request to a running smartcache service and print the reply: laid out for reading "
+        "on a terminal, one JSON line with --json or into a pipe.",
+        epilog=__doc__[__doc__.index("Endpoint:") :] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__} (protocol {REGISTRY.version})")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help=JSON_HELP,
+    )
+    p.add_argument(
+        "--endpoint",
+        default=default_endpoint(),
+        help=f"the service's ZeroMQ endpoint, tcp://host:port or ipc://path (default: ${ENDPOINT_VARIABLE},"
+        f" else tcp://127.0.0.1:{LISTEN_PORT} + ${PORT_OFFSET_VARIABLE}; now %(default)s)",
+    )
+    p.add_argument(
+        "--server-key",
+        dest="curve_server_key",
+        default=os.environ.get("SMARTCACHE_CURVE_SERVER_KEY_FILE") or None,
+        metavar="FILE",
+        help="the service's public CURVE key (its *.key certificate): talk CURVE "
+        "(default: $SMARTCACHE_CURVE_SERVER_KEY_FILE)",
+    )
+    p.add_argument(
+        "--key",
+        dest="curve_key",
+        default=os.environ.get("SMARTCACHE_CURVE_KEY_FILE") or None,
+        metavar="FILE",
+        help="our own CURVE key pair (a *.key_secret certificate; default: $SMARTCACHE_CURVE_KEY_FILE)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="seconds to wait for the reply before giving up (exit 2); default %(default)s",
+    )
+    sub = p.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="one request; smartcache-cli COMMAND --help for its arguments",
+    )
+
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        spec = REGISTRY.types[name.upper().replace("-", "_")]
+        return sub.add_parser(name, help=summary, description=f"{spec.name}: {spec.doc}")
+
+    def session(
+        sp: argparse.ArgumentParser, help: str = "the session id (UUID text, as session-create prints)"
+    ) -> None:
+        sp.add_argument("session", type=_session, metavar="UUID", help=help)
+
+    def data(sp: argparse.ArgumentParser, *flag: str) -> None:
+        sp.add_argument(*(flag or ("data",)), metavar="DATA", help=DATA_HELP)
+        sp.add_argument("--raw", action="store_true", help=RAW_HELP)
+
+    command("ping", "check that the service answers (the broker replies itself)")
+    command("info", "what the service is and does now: version, settings, queue, workers, storage, counts")
+
+    _session_commands(command, session, data)
+
+    session_help = "the session the entry belongs to (UUID); without it, the global namespace"
+    cp = command("cache-put", "store data under a key")
+    cp.add_argument("key", help="the cache key")
+    data(cp)
+    cp.add_argument("--ttl", type=int, metavar="SECONDS", help="lifetime in seconds (default: Tarantool's, 1800)")
+    cp.add_argument("--data-type", type=int, metavar="N", help=f"data type stored with the entry ({DATA_TYPES})")
+    cp.add_argument("--session", type=_session, metavar="UUID", help=session_help)
+    for name, summary in (("cache-get", "read a cache entry"), ("cache-delete", "delete a cache entry")):
+        sp = command(name, summary)
+        sp.add_argument("key", help="the cache key")
+        sp.add_argument("--session", type=_session, metavar="UUID", help=session_help)
+
+    b = command("device-bind", "bind a device to a client, so its app starts prewarm")
+    b.add_argument("device_id", help="the device id")
+    b.add_argument("client_id", help="the bank's client id")
+    command("device-lookup", "which client a device is bound to").add_argument("device_id", help="the device id")
+    command("app-start", "tell the service an app started (fire and forget: prints SENT)").add_argument(
+        "device_id", help="the device id"
+    )
+    g = command("products-get", "a client's products of one data type")
+    g.add_argument("client_id", help="the bank's client id")
+    g.add_argument("data_type", type=int, help=f"product data type: {PRODUCT_TYPES}")
+    cli_coordination.add_parsers(command, data)
+    return _with_modules(p, sub)
+
+
+def _with_modules(p: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser:
+    """The subcommands that live in modules of their own: operators' (cli_admin) and the event log's."""
+    cli_admin.add_parsers(sub)
+    cli_events.add_parsers(sub)
+    _json_anywhere(sub)
+    return p
+
+
+def _json_anywhere(sub: Any) -> None:
+    """--json after the command too (``cluster status --json``, as people type it): every subcommand takes it,
+    defaulting to what was given before the command (SUPPRESS leaves the top-level value alone)."""
+    for parser in sub.choices.values():
+        if "--json" not in parser._option_string_actions:
+            parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _json_anywhere(action)
+
+
+def _session_commands(
+    command: Callable[[str, str], argparse.ArgumentParser],
+    session: Callable[[argparse.ArgumentParser], None],
+    data: Callable[..., None],
+) -> None:
+    """session-create ... session-list on the parser (command, session and data are _parser's helpers)."""
+    c = command("session-create", "create a session for a client; prints its id")
+    c.add_argument("client_id", help="the bank's client id")
+    data(c, "--data")
+    c.add_argument(
+        "--ttl", type=int, metavar="SECONDS", help="sliding lifetime in seconds (default: Tarantool's, 1800)"
+    )
+    c.add_argument("--version", metavar="APP_VERSION", help="the app version that opens the session, e.g. 5.2.0")
+    c.add_argument("--session", type=_session, metavar="UUID", help="use this session id (UUID) instead of a new one")
+    c.add_argument("--max-sessions", type=int, metavar="N", help="the client's live sessions after this one, at most")
+    c.add_argument(
+        "--limit-policy",
+        choices=("refuse", "evict_oldest"),
+        help="beyond --max-sessions: refuse (LIMIT_REACHED) or end the least recently used (default: the service's)",
+    )
+    c.add_argument("--device", metavar="NAME", help="the device the session is on, as session-list shows it")
+
+    session(command("session-get", "read a session (and refresh its expiry)"))
+    session(command("session-touch", "refresh a session's expiry without reading it"))
+    session(command("session-delete", "delete a session and its cache entries"))
+    u = command("session-update", "replace a session's data, or set/unset attributes of map data")
+    session(u)
+    u.add_argument("data", nargs="?", metavar="DATA", help=DATA_HELP + " (or give --set / --unset)")
+    u.add_argument("--raw", action="store_true", help=RAW_HELP)
+    u.add_argument("--set", metavar="JSON", help="attributes to set, a JSON object: '{\"step\": 2}'")
+    u.add_argument("--unset", action="append", metavar="ATTRIBUTE", default=None, help="an attribute to remove")
+    u.add_argument(
+        "--expected-rev", type=int, metavar="REV", help="update only if the session's revision is REV (else CONFLICT)"
+    )
+    session(command("session-rotate", "give a session a new id (at login); prints the new id"))
+    lo = command("session-delete-client", "log out everywhere: end every session of a client; prints how many")
+    lo.add_argument("client_id", help="the bank's client id")
+    lo.add_argument("--keep", type=_session, metavar="UUID", help="a session of the client that stays (the caller's)")
+    command("session-list", "list a client's live sessions").add_argument("client_id", help="the bank's client id")
+
+
+def _parse_data(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """DATA is JSON unless --raw: a typo in JSON must not be stored as a string silently."""
+    text = getattr(a, "data", None)
+    if text is None or a.raw:
+        return
+    try:
+        a.data = json.loads(text)
+    except json.JSONDecodeError as e:
+        p.error(f"DATA is not valid JSON ({e}); quote a string as '\"text\"' or pass --raw to send it as is")
+
+
+def _parse_set(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """session-update --set: a JSON object; one of DATA or --set/--unset."""
+    text = getattr(a, "set", None)
+    if a.command != "session-update":
+        return
+    if (a.data is None) == (text is None and a.unset is None):
+        p.error("session-update takes DATA, or --set / --unset, not both and not neither")
+    if text is None:
+        return
+    try:
+        a.set = json.loads(text)
+    except json.JSONDecodeError as e:
+        p.error(f"--set is not valid JSON ({e})")
+    if not isinstance(a.set, dict):
+        p.error("--set must be a JSON object: '{\"attribute\": value}'")
+
+
+def _run(c: Client, a: argparse.Namespace) -> Reply | None:
+    match a.command:
+        case "ping":
+            return c.ping()
+        case "info":
+            return c.call("INFO")
+        case "session-create":
+            return c.session_create(
+                a.client_id,
+                data=a.data,
+                ttl_s=a.ttl,
+                version=a.version,
+                session_id=a.session,
+                max_sessions=a.max_sessions,
+                limit_policy=a.limit_policy,
+                device=a.device,
+            )
+        case "session-get":
+            return c.session_get(a.session)
+        case "session-touch":
+            return c.session_touch(a.session)
+        case "session-delete":
+            return c.session_delete(a.session)
+        case "session-update":
+            return c.session_update(a.session, a.data, set=a.set, unset=a.unset, expected_rev=a.expected_rev)
+        case "session-rotate":
+            return c.session_rotate(a.session)
+        case "session-delete-client":
+            return c.session_delete_client(a.client_id, keep=a.keep)
+        case "session-list":
+            return c.session_list(a.client_id)
+        case "cache-put":
+            return c.cache_put(a.key, a.data, session_id=a.session, data_type=a.data_type, ttl_s=a.ttl)
+        case "cache-get":
+            return c.cache_get(a.key, session_id=a.session)
+        case "cache-delete":
+            return c.cache_delete(a.key, session_id=a.session)
+        case "device-bind":
+            return c.device_bind(a.device_id, a.client_id)
+        case "device-lookup":
+            return c.device_lookup(a.device_id)
+        case "products-get":
+            return c.products_get(a.client_id, a.data_type)
+        case "app-start":
+            c.app_start(a.device_id)
+            return None
+        case name if name in cli_coordination.COMMANDS:
+            return cli_coordination.run(c, a)
+    raise AssertionError(a.command)
+
+
+#: --json, or standard output not a terminal: one JSON line per document (set in main)
+_AS_JSON = not sys.stdout.isatty()
+
+
+def _print(doc: dict[str, Any], kind: str = "") -> None:
+    """One document: a JSON line for scripts, laid out for a person on a terminal (service/smartcache/cli/output.py)."""
+    print(output.render(doc, kind, as_json=_AS_JSON))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 on an OK reply, 1 on another status, 2 on a transport error, a timeout or bad arguments."""
+    global _AS_JSON
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _AS_JSON = args.json or not sys.stdout.isatty()
+    if args.command in cli_admin.COMMANDS:
+        kind = f"{args.command}-{getattr(args, 'operation', '')}"
+        return cli_admin.run(args, lambda doc: _print(_jsonable(doc), kind))
+    _parse_data(parser, args)
+    _parse_set(parser, args)
+    endpoint = args.endpoint
+    curve = None
+    if args.curve_server_key or args.curve_key:
+        if not (args.curve_server_key and args.curve_key):
+            parser.error("CURVE needs both --server-key and --key")
+        try:
+            curve = CurveKeys.from_files(args.curve_server_key, args.curve_key)
+        except (OSError, ValueError) as e:
+            parser.error(f"cannot read CURVE keys: {e}")
+    try:
+        client = Client(endpoint, timeout_s=args.timeout, curve=curve)
+    except zmq.ZMQError as e:
+        parser.error(f"--endpoint / ${ENDPOINT_VARIABLE} {endpoint!r}: {e} (expected tcp://host:port or ipc://path)")
+    with client:
+        try:
+            if args.command in cli_events.COMMANDS:
+                return cli_events.run(client, args, lambda doc: _print(_jsonable(doc), "event"))
+            reply = _run(client, args)
+        except RequestTimeout:
+            message = (
+                f"no reply from {endpoint} within {args.timeout:g} s: is the service running there?"
+                f" (set --endpoint or ${ENDPOINT_VARIABLE})"
+            )
+            _print({"error": "TIMEOUT", "message": message, "endpoint": endpoint})
+            return EXIT_TRANSPORT
+        except RequestError as e:
+            _print({"error": e.transport_error, "message": str(e), "endpoint": endpoint})
+            return EXIT_TRANSPORT
+    if reply is None:
+        _print({"status": "SENT", "endpoint": endpoint})
+        return EXIT_OK
+    _print(_render(reply), args.command)
+    return EXIT_OK if reply.ok else EXIT_STATUS
+
+
+if __name__ == "__main__":
+    sys.exit(main())
