@@ -20,6 +20,8 @@ local M = {}
 
 M.MAX_KEYS = 100000
 M.YIELD_EVERY = 1000
+-- An atomic scan (no yield: one state, asked by the fault suite) of no more rows than this.
+M.MAX_ATOMIC_ROWS = 200000
 -- Always empty between transactions (smartcache.quorum): nothing to compare.
 local SKIP = {sc_quorum = true}
 
@@ -37,7 +39,8 @@ local function key_of(s, t)
 end
 
 -- {rows, sum, xor} of one space, and with keys its {key, hash} pairs (nil when more than MAX_KEYS).
-local function scan(s, keys)
+-- atomic: no yield (the whole answer is one state of the data; the instance serves nothing meanwhile).
+local function scan(s, keys, atomic)
     local rows, sum, x, out = 0, 0, 0, keys and {} or nil
     for _, t in s:pairs() do
         local h = tuple_hash(t)
@@ -49,7 +52,7 @@ local function scan(s, keys)
                 table.insert(out, {key_of(s, t), h})
             end
         end
-        if rows % M.YIELD_EVERY == 0 then
+        if not atomic and rows % M.YIELD_EVERY == 0 then
             fiber.yield()
         end
     end
@@ -80,12 +83,26 @@ local function same(a, b)
     return true
 end
 
--- sc.digest(keys_of?): OK {spaces = {name = {rows, sum, xor}}, vclock, consistent, keys?}. keys_of: a
+-- sc.digest(keys_of?, atomic?): OK {spaces = {name = {rows, sum, xor}}, vclock, consistent, keys?}. keys_of: a
 -- space name, or a list of them: keys = {name = [[primary key, hash], ...]} (null past MAX_KEYS).
 -- consistent: no row was written while the scan yielded (the vclock before equals the one after), so
 -- the answer is this instance's data at that vclock; compare two instances only then.
-function M.digest(keys_of)
-    keys_of = util.opt(keys_of, nil)
+function M.digest(keys_of, atomic)
+    keys_of, atomic = util.opt(keys_of, nil), util.opt(atomic, false)
+    if type(atomic) ~= 'boolean' then
+        return util.bad_request('atomic must be a boolean')
+    end
+    if atomic then
+        local rows = 0
+        for _, def in box.space._space:pairs({512}, {iterator = 'GE'}) do
+            local s = box.space[def[3]]
+            rows = rows + (s ~= nil and s.index[0] ~= nil and s:len() or 0)
+        end
+        if rows > M.MAX_ATOMIC_ROWS then
+            return util.bad_request(string.format('atomic: %d rows, more than %d (the scan would stall the '
+                .. 'instance)', rows, M.MAX_ATOMIC_ROWS))
+        end
+    end
     if type(keys_of) == 'string' then
         keys_of = {keys_of}
     end
@@ -109,7 +126,7 @@ function M.digest(keys_of)
         local s = box.space[name]
         if s ~= nil and not SKIP[name] and s.index[0] ~= nil then
             local listed
-            spaces[name], listed = scan(s, wanted[name])
+            spaces[name], listed = scan(s, wanted[name], atomic)
             if wanted[name] then
                 keys[name] = listed or box.NULL
             end

@@ -398,9 +398,10 @@ def event_seq_twice(watcher: EventWatcher | None, final: dict[int, tuple[str, st
 
 
 def digest(cluster: Cluster, node: str, keys_of: list[str] | None = None) -> dict[str, Any]:
+    """sc.digest of one instance, scanned without a yield (one state of its data)."""
     conn = cluster.open_conn(node, DIGEST_TIMEOUT_S, user="operator", password="operator")
     try:
-        r: dict[str, Any] = conn.call("sc.digest", [None, keys_of]).data[0]
+        r: dict[str, Any] = conn.call("sc.digest", [None, keys_of, True]).data[0]
     finally:
         conn.close()
     if r.get("status") != "OK":
@@ -412,24 +413,34 @@ def _vclock(d: dict[str, Any]) -> dict[str, int]:
     return {k: int(v) for k, v in d["vclock"].items() if k != "0"}
 
 
-def _comparable(lead: dict[str, Any], mine: dict[str, Any]) -> bool:
-    """Both scans saw one state each (no write while they ran) and the same one (the same vclock)."""
-    return bool(lead["consistent"] and mine["consistent"] and _vclock(lead) == _vclock(mine))
+def _at(cluster: Cluster, node: str, target: dict[str, int], keys_of: list[str] | None) -> dict[str, Any] | None:
+    """The follower's digest once its vclock is exactly target (it catches up within milliseconds, and the
+    leader's sweepers write only now and then); None when it went past target first, or after a second."""
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        d = digest(cluster, node, keys_of)
+        v = _vclock(d)
+        if v == target:
+            return d
+        if any(v.get(k, 0) > lsn for k, lsn in target.items()) or set(v) - set(target):
+            return None
+        time.sleep(0.005)
+    return None
 
 
-def follower_only_rows(cluster: Cluster, leader: str, followers: list[str], tries: int = 20) -> dict[str, Any]:
-    """Per follower, the rows it has that the leader does not (or has otherwise). The two are compared at
-    one vclock, each scan seeing one state (a write in flight, or a sweeper of the leader's, changes a
-    digest: both are asked again, up to ``tries`` times, 0.5 s apart); "compared" says whether they ever
-    were."""
+def follower_only_rows(cluster: Cluster, leader: str, followers: list[str], tries: int = 40) -> dict[str, Any]:
+    """Per follower, the rows it has that the leader does not (or has otherwise): the leader's data at one
+    vclock (a scan without a yield), and the follower's at the same vclock, taken the moment it gets
+    there; asked again, up to ``tries`` times, when the leader wrote meanwhile (its sweepers). "compared"
+    says whether they ever were."""
     out: dict[str, Any] = {}
     for f in followers:
         differ: list[str] = []
         result: dict[str, Any] = {"rows": 0, "spaces": {}, "differ": [], "compared": False}
         for _ in range(tries):
-            lead, mine = digest(cluster, leader, differ or None), digest(cluster, f, differ or None)
-            if not _comparable(lead, mine):
-                time.sleep(0.5)
+            lead = digest(cluster, leader, differ or None)
+            mine = _at(cluster, f, _vclock(lead), differ or None)
+            if mine is None:
                 continue
             ls, ms = lead["spaces"], mine["spaces"]
             now_differ = sorted(s for s in set(ls) | set(ms) if ls.get(s) != ms.get(s))

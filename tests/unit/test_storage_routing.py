@@ -223,3 +223,10 @@ def test_a_write_held_past_its_lifetime_is_not_executed() -> None:
     with pytest.raises(WritesHeld) as e:
         asyncio.run(s.call("session_update", [], job=_job(time.monotonic() + 0.1)))
     assert isinstance(e.value, StorageUnavailable)  # answered STORAGE_UNAVAILABLE: not executed
+
+
+def test_without_failover_a_read_falls_back_to_a_replica_while_the_master_is_down() -> None:
+    """Every instance standalone (asynchronous replication, no election): a replica answers what it has."""
+    master = instance(LEADER, up=False, role={"role": "standalone"})
+    replica = instance(F1, role={"role": "standalone"})
+    assert _storage([master, replica], last=master)._read_fallback() is replica

@@ -346,13 +346,19 @@ class Storage:
         write can be acknowledged elsewhere before a follower takes a later term). An etcd outage fences it
         and reads go on. Never another instance: a follower may lag, and its stale answer (a NOT_FOUND for
         a session created a moment ago ends the customer's session) breaks linearizability (the fault
-        suite checks it since issue 35); those reads wait for the leader as writes do."""
+        suite checks it since issue 35); those reads wait for the leader as writes do. Without failover (every
+        instance standalone) any instance that answers: asynchronous replication promises no more."""
         last = self.last_leader
-        if last is None or not last.up or not last.role or last not in self.instances:
-            return None
-        if any(i.term > last.term for i in self.instances if i.role):
-            return None
-        return last
+        if last is not None and last.up and last.role and last in self.instances:
+            if any(i.term > last.term for i in self.instances if i.role):
+                return None
+            return last
+        # Without failover (every instance standalone: a master and read-only replicas, replication
+        # asynchronous) no read is linearizable once the master is gone; a replica answers what it has.
+        up = [i for i in self.instances if i.up and i.role]
+        if up and all(i.role.get("role") == "standalone" for i in up):
+            return up[0]
+        return None
 
     def _searching(self) -> bool:
         return self.leader is None
