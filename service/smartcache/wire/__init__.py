@@ -1,20 +1,15 @@
 """The wire: what both ends of a ZeroMQ conversation with smartcache share.
 
 The registry (:mod:`.registry`, every type, status, error code and limit from
-``proto/protocol.toml``), the header and body codec (:mod:`.header`,
-:mod:`.body`), the exception tree (:mod:`.errors`), CURVE key files
-(:mod:`.keys`) and the default ports (:mod:`.ports`). It imports nothing else
-of smartcache (``make lint`` checks it): the client, the CLI and the server
-all build on it. ``proto/PROTOCOL.md`` is the spec it implements.
+``proto/protocol.toml``), the header's layout (:mod:`.layout`), the header and
+body codec (:mod:`.header`, :mod:`.body`), the exception tree (:mod:`.errors`),
+CURVE key files (:mod:`.keys`) and the default ports (:mod:`.ports`). It imports
+nothing else of smartcache (``make lint`` checks it): the client, the CLI and
+the server all build on it. ``proto/PROTOCOL.md`` is the spec it implements.
 """
 
 from smartcache.wire.body import decode_body, encode_body, error_body
 from smartcache.wire.header import (
-    HEADER_FIELDS,
-    HEADER_STRUCT,
-    NO_SESSION,
-    OFFSET,
-    Header,
     decode_header,
     encode_header,
     frame_flags,
@@ -27,6 +22,7 @@ from smartcache.wire.header import (
     with_session,
     with_transport_error,
 )
+from smartcache.wire.layout import HEADER_FIELDS, HEADER_STRUCT, NO_SESSION, OFFSET, Header
 from smartcache.wire.registry import (
     FLAG_DATA_ERROR,
     FLAG_NO_REPLY,

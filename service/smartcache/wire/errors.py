@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from smartcache.wire.header import Header
+    from smartcache.wire.layout import Header
 
 
 class SmartcacheError(Exception):
