@@ -40,6 +40,7 @@ from smartcache.client.base import (
     with_return,
 )
 from smartcache.client.coordination import CoordinationHelpers
+from smartcache.client.interface import BlockingClient
 from smartcache.client.locks import DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, AsyncLock
 from smartcache.client.objects import DEFAULT_BLOCK, AsyncIdGenerator, CoordinationObjects
 from smartcache.client.subscriber import Subscription
@@ -51,7 +52,7 @@ from smartcache.wire.keys import CurveKeys
 SUBSCRIBE_RETRY_S = 30.0
 
 
-class Client(TypedCalls[Reply], CoordinationObjects):
+class Client(BlockingClient, CoordinationObjects):
     """A blocking client: one DEALER socket, used from one thread. ``lock``, ``counter``, ``ids``... make the
     coordination objects (service/smartcache/client/objects.py)."""
 
@@ -176,10 +177,11 @@ class Client(TypedCalls[Reply], CoordinationObjects):
         """The event log as an iterator: events whose topic starts with one of ``topics`` (none: all), from
         sequence ``from_seq`` (None: from now on; a sharded cluster's as ``{shard: seq}``, each shard's log
         with its own sequence: ``Subscription.cursors``), each once and in order, gaps recovered by itself
-        (service/smartcache/client/subscriber.py). ``publishers``: the services' events endpoints (SMARTCACHE_EVENTS_LISTEN),
-        comma-separated. It catches up through a client of its own (``twin``, with this client's timeout, at
-        most ``retry_s`` per attempt); ``retry_s``: how long a read of the log retries a service that does not
-        answer (the first one, to find the head, included) before its error is raised."""
+        (service/smartcache/client/subscriber.py). ``publishers``: the services' events endpoints
+        (SMARTCACHE_EVENTS_LISTEN), comma-separated. It catches up through a client of its own (``twin``,
+        with this client's timeout, at most ``retry_s`` per attempt); ``retry_s``: how long a read of the log
+        retries a service that does not answer (the first one, to find the head, included) before its error is
+        raised."""
         twin = self.twin(timeout_s=min(self.timeout_s, retry_s))
         return Subscription(twin, publishers, topics, from_seq, curve=self._curve, context=self._ctx, retry_s=retry_s)
 

@@ -27,13 +27,10 @@ import socket
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 from smartcache.client.coordination import ok_reply
+from smartcache.client.interface import AsyncCalls, BlockingClient
 from smartcache.wire.errors import LeaseLost, NotAcquired, RequestError
-
-if TYPE_CHECKING:
-    from smartcache.client.clients import AsyncClient, Client
 
 DEFAULT_LEASE_MS = 10_000
 DEFAULT_WAIT_MS = 5_000
@@ -96,7 +93,7 @@ class Lock(_Held):
 
     def __init__(
         self,
-        client: Client,
+        client: BlockingClient,
         name: str,
         *,
         permits: int = 1,
@@ -147,7 +144,7 @@ class Lock(_Held):
             while not self._stop.wait(interval) and self._renew_once(own):
                 pass
 
-    def _renew_once(self, own: Client) -> bool:
+    def _renew_once(self, own: BlockingClient) -> bool:
         """Renew, trying again while the lease lasts; False when it is lost (or we were stopped)."""
         while not self._stop.is_set():
             sent = time.monotonic()
@@ -183,7 +180,7 @@ class AsyncLock(_Held):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncCalls,
         name: str,
         *,
         permits: int = 1,

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from smartcache.client.coordination import ok_reply
+from smartcache.client.interface import AsyncCalls, BlockingClient
 from smartcache.client.locks import DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, Lock
 from smartcache.wire.errors import CoordinationError, LeaseLost, RequestError
 
 if TYPE_CHECKING:
     from smartcache.client.base import Reply
-    from smartcache.client.clients import AsyncClient, Client
 
 DEFAULT_BLOCK = 1_000
 MAX_BLOCK = 1_000_000
@@ -44,7 +44,7 @@ class Counter:
     ``ttl_ms`` applies when a call creates the counter: it then lives that long (a fixed window).
     """
 
-    def __init__(self, client: Client, name: str, *, ttl_ms: int | None = None) -> None:
+    def __init__(self, client: BlockingClient, name: str, *, ttl_ms: int | None = None) -> None:
         self.client, self.name, self.ttl_ms = client, name, ttl_ms
 
     def add(self, delta: int = 1) -> int:
@@ -69,7 +69,7 @@ class Counter:
 class Register:
     """A named msgpack value with a revision: ``get``, ``compare_and_set``."""
 
-    def __init__(self, client: Client, name: str, *, ttl_ms: int | None = None) -> None:
+    def __init__(self, client: BlockingClient, name: str, *, ttl_ms: int | None = None) -> None:
         self.client, self.name, self.ttl_ms = client, name, ttl_ms
 
     def get(self) -> tuple[Any, int] | None:
@@ -104,7 +104,7 @@ class IdGenerator(Iterator[int]):
 
     def __init__(
         self,
-        client: Client,
+        client: BlockingClient,
         name: str,
         *,
         block: int = DEFAULT_BLOCK,
@@ -160,7 +160,7 @@ class IdGenerator(Iterator[int]):
 class AsyncIdGenerator:
     """:class:`IdGenerator` for the asyncio client: ``await ids.next()``."""
 
-    def __init__(self, client: AsyncClient, name: str, *, block: int = DEFAULT_BLOCK, prefetch: float = 0.5) -> None:
+    def __init__(self, client: AsyncCalls, name: str, *, block: int = DEFAULT_BLOCK, prefetch: float = 0.5) -> None:
         self.client, self.name, self.block, self.prefetch = client, name, block, prefetch
         self._next, self._last = 1, 0
         self._prefetch_at: int | None = None
@@ -188,7 +188,7 @@ class AsyncIdGenerator:
 class Latch:
     """A count-down latch: ``create``, ``count_down``, ``wait``, ``count``."""
 
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, client: BlockingClient, name: str) -> None:
         self.client, self.name = client, name
 
     def create(self, count: int, *, ttl_ms: int | None = None) -> bool:
@@ -231,7 +231,7 @@ class Task:
 class TaskQueue:
     """A named task queue: ``put``, ``take`` (a context manager: ack on success, release on error), ``stats``."""
 
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, client: BlockingClient, name: str) -> None:
         self.client, self.name = client, name
 
     def put(
@@ -312,5 +312,5 @@ class CoordinationObjects:
     def queue(self, name: str) -> TaskQueue:
         return TaskQueue(self._self(), name)
 
-    def _self(self) -> Client:
-        return self  # type: ignore[return-value]  # mixed into Client only
+    def _self(self) -> BlockingClient:
+        return self  # type: ignore[return-value]  # mixed into Client (a BlockingClient) only
