@@ -27,40 +27,41 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import structlog
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    ProcessCollector,
-    disable_created_metrics,
-    make_wsgi_app,
-)
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, disable_created_metrics, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from smartcache import __version__
+from smartcache.server.metric_families import (
+    BAD_INPUT_ERRORS,
+    EVENT_TOPIC_LABELS,
+    LATENCY_BUCKETS_S,
+    PREFIX,
+    REJECTION_REASONS,
+    BackendMetrics,
+    EventMetrics,
+    FailureMetrics,
+    HandlerMetrics,
+    MessageMetrics,
+    RoutingMetrics,
+    StorageMetrics,
+    label,
+)
 from smartcache.wire import REGISTRY
 
-PREFIX = "smartcache"
-REJECTION_REASONS = ("full", "evicted", "expired", "shutting_down")
-#: transport errors that mean the sender's input was malformed (the registry says which)
-BAD_INPUT_ERRORS = tuple(sorted(REGISTRY.bad_input_errors))
-#: fine below 10 ms, where the service lives; coarse above for outages
-LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-#: label values of the events published, by topic: what storage writes by itself, and app for application topics
-EVENT_TOPIC_LABELS = (
-    "session.created",
-    "session.updated",
-    "session.deleted",
-    "session.expired",
-    "session.rotated",
-    "session.evicted",
-    "device.bound",
-    "products.stored",
-    "bucket.sent",
-    "bucket.received",
-    "app",
-)
+__all__ = [
+    "BAD_INPUT_ERRORS",
+    "EVENT_TOPIC_LABELS",
+    "LATENCY_BUCKETS_S",
+    "PREFIX",
+    "REJECTION_REASONS",
+    "Checks",
+    "Metrics",
+    "Probe",
+    "label",
+    "probe_answer",
+    "serve_http",
+]
+
 #: a health check: check name -> passing; healthy when every check passes
 Checks = Callable[[], Mapping[str, bool]]
 
@@ -68,276 +69,27 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide: no *
 log = structlog.get_logger("metrics")
 
 
-def label(name: str) -> str:
-    """A label value: the one case for every value (registry names are upper case)."""
-    return name.lower()
-
-
-class Metrics:
-    """Every metric of one service process."""
+class Metrics(
+    MessageMetrics, StorageMetrics, RoutingMetrics, FailureMetrics, HandlerMetrics, EventMetrics, BackendMetrics
+):
+    """Every metric of one service process: the families (service/smartcache/server/metric_families.py) on
+    one registry, and the HTTP server that serves them."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         p = PREFIX
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds...
         self._server: ThreadingWSGIServer | None = None
-        self.messages = Counter(
-            f"{p}_messages_total",
-            "Messages answered or finished, by type and outcome.",
-            ["type", "outcome"],
-            registry=r,
-        )
-        self.duration = Histogram(
-            f"{p}_request_duration_seconds",
-            "From arrival to reply sent (queue wait included), by type.",
-            ["type"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.queue_depth = Gauge(f"{p}_queue_depth", "Messages waiting in the queue.", registry=r)
-        self.queue_capacity = Gauge(f"{p}_queue_capacity", "Queue capacity.", registry=r)
-        self.rejections = Counter(
-            f"{p}_queue_rejections_total",
-            "Messages refused or dropped by the queue, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.workers = Gauge(f"{p}_workers", "Worker slots in the pool.", registry=r)
-        self.workers_busy = Gauge(f"{p}_workers_busy", "Worker slots busy with a message.", registry=r)
-        self.workers_busy_by_type = Gauge(
-            f"{p}_workers_busy_by_type", "Busy worker slots, by message type.", ["type"], registry=r
-        )
-        self.bulkhead_limit = Gauge(
-            f"{p}_bulkhead_limit", "Most worker slots one message type may occupy.", ["type"], registry=r
-        )
-        self.storage_calls = Counter(
-            f"{p}_storage_calls_total",
-            "Stored procedure calls, by procedure and outcome.",
-            ["procedure", "outcome"],
-            registry=r,
-        )
-        self.storage_latency = Histogram(
-            f"{p}_storage_call_duration_seconds",
-            "Stored procedure call latency.",
-            ["procedure"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.storage_connected = Gauge(
-            f"{p}_storage_connected",
-            "1 per worker thread connected to its Tarantool instance, by address.",
-            ["address"],
-            registry=r,
-        )
-        self.storage_state_changes = Counter(
-            f"{p}_storage_state_changes_total",
-            "Storage instance state changes seen by a worker (up, stalled: pings unanswered, down).",
-            ["address", "state"],
-            registry=r,
-        )
-        self.storage_clock_offset = Gauge(
-            f"{p}_storage_clock_offset_seconds",
-            "The instance's wall clock minus the service's, measured by pings (deadlines are sent on its clock).",
-            ["address"],
-            registry=r,
-        )
-        self.storage_write_failures = Counter(
-            f"{p}_storage_write_failures_total",
-            "Writes storage failed, by reason: refused without effect (not_leader, read_only, disk, out_of_memory), "
-            "or rolled back with the outcome unknown (sync_quorum_timeout, sync_rollback).",
-            ["reason"],
-            registry=r,
-        )
-        self.storage_leader = Gauge(
-            f"{p}_storage_leader",
-            "1 for the Tarantool instance the service sends calls to (the one that may write), by address.",
-            ["address"],
-            registry=r,
-        )
-        self.storage_instances = Gauge(
-            f"{p}_storage_instances",
-            "Tarantool instances the service knows (SMARTCACHE_TARANTOOL, or discovered in etcd).",
-            registry=r,
-        )
-        self.storage_discovery_changes = Counter(
-            f"{p}_storage_discovery_changes_total",
-            "Instances discovery added (a new member in etcd) or removed (gone from the topology), by change.",
-            ["change"],
-            registry=r,
-        )
-        self.storage_discovery_errors = Counter(
-            f"{p}_storage_discovery_errors_total",
-            "Reads of the members in etcd that failed (no member answered, unreadable topology): instances kept.",
-            registry=r,
-        )
-        self._routing_metrics(r, p)
-        self.auth_failures = Counter(
-            f"{p}_auth_failures_total",
-            "Clients refused before any frame was processed, by reason (unknown_key, handshake).",
-            ["reason"],
-            registry=r,
-        )
-        self.auth_keys = Gauge(f"{p}_auth_keys", "Client keys allowed now (CURVE).", registry=r)
-        self.bad_input_throttled = Counter(
-            f"{p}_bad_input_throttled_total",
-            "Malformed messages dropped unanswered: over the per-connection or global rate of answers.",
-            registry=r,
-        )
-        self.watchdog_reclaimed = Counter(
-            f"{p}_watchdog_reclaimed_total",
-            "Worker slots the broker took back past their message's deadline + grace (a bug if not 0).",
-            registry=r,
-        )
-        self.internal_errors = Counter(
-            f"{p}_internal_errors_total", "Messages answered INTERNAL (each logged with its error id).", registry=r
-        )
-        self.bad_input = Counter(
-            f"{p}_bad_input_total", "Malformed messages, by transport error.", ["error"], registry=r
-        )
-        self.dropped_replies = Counter(
-            f"{p}_dropped_replies_total", "Replies that could not be delivered, by reason.", ["reason"], registry=r
-        )
-        self.prewarm = Counter(f"{p}_prewarm_total", "Prewarm fetches, by outcome.", ["outcome"], registry=r)
-        self.products = Counter(f"{p}_products_total", "PRODUCTS_GET answers, by source.", ["source"], registry=r)
-        self.coordination_operations = Counter(
-            f"{p}_coordination_operations_total",
-            "Coordination calls answered by storage, by primitive (counter, register, sequence, semaphore, latch,"
-            " queue) and status.",
-            ["primitive", "outcome"],
-            registry=r,
-        )
-        self.coordination_waiters = Gauge(
-            f"{p}_coordination_waiters",
-            "Calls of this service waiting inside storage now (acquire, latch await, queue take), by primitive.",
-            ["primitive"],
-            registry=r,
-        )
-        self.coordination_lost = Counter(
-            f"{p}_coordination_lost_total",
-            "Holders told they lost what they held: a semaphore lease that had passed (renew), a task taken again"
-            " after its time-to-run (ack, release), by primitive.",
-            ["primitive"],
-            registry=r,
-        )
-        self._event_metrics(r, p)
-        self.backend_calls = Counter(
-            f"{p}_backend_calls_total",
-            "Core backend HTTP calls, by data type and outcome.",
-            ["data_type", "outcome"],
-            registry=r,
-        )
-        self.backend_latency = Histogram(
-            f"{p}_backend_call_duration_seconds",
-            "Core backend call latency.",
-            ["data_type"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
+        # In the order a scrape lists them.
+        self._add_message_metrics(r, p)
+        self._add_storage_metrics(r, p)
+        self._add_routing_metrics(r, p)
+        self._add_failure_metrics(r, p)
+        self._add_handler_metrics(r, p)
+        self._add_event_metrics(r, p)
+        self._add_backend_metrics(r, p)
         self.build_info = Gauge(f"{p}_build_info", "Build information.", ["version", "python", "protocol"], registry=r)
         self.build_info.labels(__version__, platform.python_version(), str(REGISTRY.version)).set(1)
-        # Pre-create label children so every series exists from the start.
-        for name in REGISTRY.types:
-            self.duration.labels(label(name))
-            self.workers_busy_by_type.labels(label(name))
-        for outcome in ("started", "skipped_fresh", "skipped_busy", "completed", "failed"):
-            self.prewarm.labels(outcome)
-        for source in ("cache", "waited", "fetched", "error"):
-            self.products.labels(source)
-        for primitive in ("counter", "register", "sequence", "semaphore", "latch", "queue"):
-            self.coordination_waiters.labels(primitive)
-        for primitive in ("semaphore", "queue"):
-            self.coordination_lost.labels(primitive)
-        for reason in REJECTION_REASONS:
-            self.rejections.labels(reason)
-        for error in BAD_INPUT_ERRORS:
-            self.bad_input.labels(label(error))
-
-    def _routing_metrics(self, r: CollectorRegistry, p: str) -> None:
-        """Which leader the service writes to, and a sharded cluster's routing (docs/design/sharding.md)."""
-        self.storage_leader_changes = Counter(
-            f"{p}_storage_leader_changes_total", "Times the service found another (or its first) leader.", registry=r
-        )
-        self.storage_leader_term = Gauge(
-            f"{p}_storage_leader_term",
-            "The current leader's term: counted in the leader key, one more per leader change, never going back "
-            "(also across an etcd restore or wipe); 0 without failover.",
-            registry=r,
-        )
-        self.storage_wrong_bucket = Counter(
-            f"{p}_storage_wrong_bucket_total",
-            "Calls a shard refused with WRONG_BUCKET (nothing done: the map was read again and the call sent again).",
-            ["shard"],
-            registry=r,
-        )
-        self.storage_bucket_moving = Counter(
-            f"{p}_storage_bucket_moving_total",
-            "Calls a shard answered BUCKET_MOVING (their bucket paused while it moves; nothing done: sent again).",
-            ["shard"],
-            registry=r,
-        )
-        self.buckets_active = Gauge(
-            f"{p}_buckets_active",
-            "Buckets a shard serves (active there), as its leader said at the settler's last pass (every 5 s).",
-            ["shard"],
-            registry=r,
-        )
-        self.buckets_moving = Gauge(
-            f"{p}_buckets_moving",
-            "Buckets of a shard between states of a move (sending, sent, receiving, garbage) at the settler's last "
-            "pass: 0 when no move is under way; one that stays above 0 is a move the settler could not settle.",
-            ["shard"],
-            registry=r,
-        )
-        self.storage_bucket_map_version = Gauge(
-            f"{p}_storage_bucket_map_version",
-            "The version of the bucket map the service routes by (0: one replica set, not sharded).",
-            registry=r,
-        )
-
-    def _event_metrics(self, r: CollectorRegistry, p: str) -> None:
-        """The event log's (issue 16): the publisher (service/smartcache/server/publisher.py) and EVENTS_READ waits."""
-        self.events_published = Counter(
-            f"{p}_events_published_total",
-            "Events of the log published on the events PUB socket (each is written, committed, once), by topic"
-            " (application topics as app).",
-            ["topic"],
-            registry=r,
-        )
-        self.events_head_seq = Gauge(
-            f"{p}_events_head_seq", "Newest event sequence the reader has seen committed.", ["shard"], registry=r
-        )
-        self.events_published_seq = Gauge(
-            f"{p}_events_published_seq", "Newest event sequence published on the PUB socket.", ["shard"], registry=r
-        )
-        self.events_oldest_seq = Gauge(
-            f"{p}_events_oldest_seq", "Oldest event sequence storage still keeps (retention).", ["shard"], registry=r
-        )
-        self.events_partitions = Gauge(
-            f"{p}_events_partitions", "Day partitions of the event log.", ["shard"], registry=r
-        )
-        self.events_reader_lag = Gauge(
-            f"{p}_events_reader_lag_events",
-            "Committed events the reader has not published yet (head minus published, after each read).",
-            ["shard"],
-            registry=r,
-        )
-        self.events_delay = Histogram(
-            f"{p}_events_publish_delay_seconds",
-            "From an event's time in storage (its transaction) to its publication on the PUB socket: one sample"
-            " per batch read, its oldest event's.",
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.events_subscribers = Gauge(
-            f"{p}_events_subscribers", "Connections to the events PUB socket now.", registry=r
-        )
-        self.events_readers_waiting = Gauge(
-            f"{p}_events_readers_waiting",
-            "EVENTS_READ messages of this service waiting inside storage for a commit now.",
-            registry=r,
-        )
-        for topic in EVENT_TOPIC_LABELS:
-            self.events_published.labels(topic)
 
     def watch(self, gauge: Gauge, fn: Callable[[], float]) -> None:
         """Compute a gauge on scrape."""
