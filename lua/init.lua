@@ -30,7 +30,7 @@ local config = require('smartcache.config')
 local compat = require('smartcache.compat')
 local etcd = require('smartcache.etcd')
 local failover = require('smartcache.failover')
-local topology = require('smartcache.failover.topology')
+local expiry = require('smartcache.expiry')
 local quorum = require('smartcache.quorum')
 local partitions = require('smartcache.event_partitions')
 local schema = require('smartcache.schema')
@@ -159,8 +159,8 @@ end
 local function plan_empty_start(client, keys, http_port)
     local instance_uuid = config.instance_uuid or uuid.str()
     local known = failover.file_store(data_dir).load().topology  -- a rebuild keeps the terms file
-    known = known and topology.normalize(known) or nil
-    local waiter = topology.waiter({client = client, key = keys.members .. instance_uuid, uuid = instance_uuid,
+    known = known and failover.normalize_topology(known) or nil
+    local waiter = failover.topology_waiter({client = client, key = keys.members .. instance_uuid, uuid = instance_uuid,
                                     uri = config.advertise, http_port = http_port, candidate = ha.candidate,
                                     ttl = ha.ttl, clock = clock.monotonic})
     local said = 0
@@ -174,7 +174,7 @@ local function plan_empty_start(client, keys, http_port)
         local kvs, err = client:get_many({keys.leader, keys.replicaset, keys.topology})
         local reg, why, version
         if kvs ~= nil then
-            reg, why, version = topology.boot_registration(kvs[3], config.advertise, known)
+            reg, why, version = failover.boot_registration(kvs[3], config.advertise, known)
         end
         if kvs == nil then
             say('etcd unavailable before start: %s', err and err.message)
@@ -285,7 +285,7 @@ else
     local client = etcd.new({endpoints = ha.endpoints, timeout = ha.etcd_timeout})
     local prefix = string.format('/smartcache/%s/', ha.cluster)
     local keys = {leader = prefix .. 'leader', replicaset = prefix .. 'replicaset', members = prefix .. 'members/',
-                  topology = prefix .. topology.KEY}
+                  topology = prefix .. failover.TOPOLOGY_KEY}
     local http_port = tonumber(config.http_listen:match(':(%d+)$'))
     local set_aside = move_aside_if_asked()
     local plan = {}
@@ -314,7 +314,7 @@ else
     inst = failover.new({
         etcd = client,
         box = failover.box_adapter({user = config.replication_user, password = config.replication_password,
-                                    on_promote = admin_setup}),
+                                    on_promote = admin_setup, hold_sweeps = expiry.set_paused}),
         cluster = ha.cluster, uri = config.advertise,
         ttl = ha.ttl, margin = ha.margin, poll = ha.poll, quorum = ha.quorum,
         election_quorum = ha.election_quorum, candidate = ha.candidate, data_dir = data_dir,

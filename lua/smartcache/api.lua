@@ -33,6 +33,7 @@ local util = require('smartcache.util')
 local config = require('smartcache.config')
 local quorum = require('smartcache.quorum')
 local memory = require('smartcache.memory')
+local disk = require('smartcache.disk')
 local compat = require('smartcache.compat')
 local buckets = require('smartcache.buckets')
 local moves = require('smartcache.moves')
@@ -252,7 +253,7 @@ local function counted(ok, res, ...)
         return res, ...
     end
     if type(res) == 'cdata' and res.code == box.error.WAL_IO then
-        stats.count_wal_error()
+        disk.count_wal_error()
     end
     memory.failed(res)
     error(res)

@@ -1,7 +1,7 @@
 -- The WAL's filesystem, asked directly (statvfs), not through the WAL: how much
--- room is left, and below how much it counts as almost full. /health
--- (smartcache.runtime) and the failover disk check (smartcache.failover.box_adapter)
--- both ask it.
+-- room is left, and below how much it counts as almost full; and the WAL write
+-- failures procedures met. /health (smartcache.runtime), the metrics and the
+-- failover disk check (smartcache.failover.box_adapter) all ask it.
 local ffi = require('ffi')
 local config = require('smartcache.config')
 
@@ -14,6 +14,14 @@ local M = {}
 local MIN_FREE_DEFAULT_BYTES = 64 * 1024 * 1024
 local MIN_FREE_SHARE = 0.1
 M.min_free_setting = config.wal_min_free_mb
+
+-- Procedure calls failed by a WAL write (disk full, read-only disk, I/O errors):
+-- counted by smartcache.api (count_wal_error), reported by sc.stats and /metrics.
+M.wal_errors = 0
+
+function M.count_wal_error()
+    M.wal_errors = M.wal_errors + 1
+end
 
 pcall(ffi.cdef, [[
 struct sc_statvfs {

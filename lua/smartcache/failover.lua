@@ -18,6 +18,10 @@
 --   membership.lua   topology changes by the leader (sc.topology_init/add/remove)
 --   procedures.lua   sc.role, sc.switchover, sc.join_hold, sc.rejoin, sc.topology_*
 --
+-- Nothing outside smartcache/failover/ requires its modules but through this
+-- facade (tests/unit/test_lua_layers.py), and they require nothing above the
+-- core modules: what they need of the instance (its expiry pause) init.lua
+-- hands to box_adapter.
 -- No instance decides on its own that the leader is gone. etcd holds one key,
 -- /smartcache/<cluster>/leader, attached to the leader's lease; whoever holds
 -- it leads, and the term is a counter in its value (terms.lua: never backward,
@@ -35,6 +39,7 @@ local box_adapter = require('smartcache.failover.box_adapter')
 local procedures = require('smartcache.failover.procedures')
 local terms = require('smartcache.failover.terms')
 local rejoin = require('smartcache.failover.rejoin')
+local topology = require('smartcache.failover.topology')
 
 local M = {}
 
@@ -51,6 +56,15 @@ M.file_store = terms.file_store
 M.memory_store = terms.memory_store
 -- At start, with the rejoin marker: set the files aside, keeping a bounded count (init.lua).
 M.set_aside = rejoin.set_aside
+-- An empty instance's start (init.lua) reads the topology in etcd (smartcache.failover.topology):
+-- its key under the cluster's prefix, a recorded topology made canonical, whether the instance
+-- may boot or join (and why not), and the member record it publishes meanwhile.
+M.TOPOLOGY_KEY = topology.KEY
+M.normalize_topology = topology.normalize
+M.boot_registration = topology.boot_registration
+M.topology_waiter = topology.waiter
+-- This instance's peers as box.info.replication shows them (sc.role, sc.stats, /health).
+M.replication = box_adapter.replication
 
 -- This process's instance in HA mode (nil: standalone).
 M.instance = nil

@@ -18,6 +18,7 @@ local sessions = require('smartcache.sessions')
 local runtime = require('smartcache.runtime')
 local failover = require('smartcache.failover')
 local config = require('smartcache.config')
+local disk = require('smartcache.disk')
 local buckets = require('smartcache.buckets')
 
 local M = {}
@@ -112,14 +113,14 @@ local function metrics()
     metric(out, 'smartcache_tarantool_expiry_errors_total', 'counter', 'Errors in expiry fibers.',
         {{'', expiry.errors}})
     metric(out, 'smartcache_tarantool_wal_errors_total', 'counter', 'Procedure calls failed by WAL write errors.',
-        {{'', stats.wal_errors}})
+        {{'', disk.wal_errors}})
     metric(out, 'smartcache_tarantool_read_only', 'gauge', '1 when this instance is read-only.',
         {{'', box.info.ro and 1 or 0}})
     metric(out, 'smartcache_tarantool_schema_version', 'gauge', 'Schema version.', {{'', schema.current_version()}})
     -- Upstream (we replicate from the peer) and downstream (the peer replicates from us) apart:
     -- a leader has no upstream, and must not report its followers as broken upstreams.
     local lag, up, down = {}, {}, {}
-    for _, r in ipairs(stats.replication()) do
+    for _, r in ipairs(failover.replication()) do
         local label = string.format('{peer_id="%d"}', r.id)
         if r.upstream_status ~= nil then
             table.insert(up, {label, r.upstream_status == 'follow' and 1 or 0})

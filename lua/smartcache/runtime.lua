@@ -5,7 +5,6 @@ local log = require('log')
 local config = require('smartcache.config')
 local prewarm = require('smartcache.prewarm')
 local expiry = require('smartcache.expiry')
-local stats = require('smartcache.stats')
 local schema = require('smartcache.schema')
 local buckets = require('smartcache.buckets')
 local semaphores = require('smartcache.semaphores')
@@ -25,14 +24,14 @@ M.MEMTX_LIMIT_RATIO = 0.9
 -- How often a replica that has not received the schema yet looks for it.
 local SCHEMA_WAIT_S = 0.1
 
--- WAL failures seen by procedures (stats.wal_errors), with the time of the last one.
+-- WAL failures seen by procedures (disk.wal_errors), with the time of the last one.
 M.wal = {errors = 0, last_error_at = nil}
 
 local function watch_wal()
     fiber.name('wal_watch')
     while true do
-        if stats.wal_errors > M.wal.errors then
-            M.wal.errors = stats.wal_errors
+        if disk.wal_errors > M.wal.errors then
+            M.wal.errors = disk.wal_errors
             M.wal.last_error_at = fiber.time()
         end
         fiber.sleep(config.WAL_WATCH_INTERVAL_S)
@@ -98,8 +97,8 @@ function M.health()
         table.insert(problems, 'status ' .. box.info.status)
     end
     -- The watcher samples every 0.5 s; look at the counter too, so a fresh error counts at once.
-    if stats.wal_errors > M.wal.errors then
-        M.wal.errors, M.wal.last_error_at = stats.wal_errors, fiber.time()
+    if disk.wal_errors > M.wal.errors then
+        M.wal.errors, M.wal.last_error_at = disk.wal_errors, fiber.time()
     end
     local wal_age = M.wal.last_error_at and fiber.time() - M.wal.last_error_at or nil
     if wal_age ~= nil and wal_age < M.WAL_ERROR_WINDOW_S then
@@ -121,7 +120,7 @@ function M.health()
     -- the deletes that would free memory), never catches up by itself. (In HA the failover module
     -- watches its one upstream, reconnects it and reports it: upstream_problem below.)
     if instance == nil then
-        for _, r in ipairs(stats.replication()) do
+        for _, r in ipairs(failover.replication()) do
             local message = r.upstream_message ~= nil and tostring(r.upstream_message) or ''
             if r.upstream_status == 'stopped' or message:find('Failed to allocate', 1, true) then
                 table.insert(problems, string.format('replication from instance %d %s: %s', r.id,
@@ -138,7 +137,7 @@ function M.health()
     end
     local doc = {status = box.info.status, read_only = box.info.ro, instance_id = box.info.id,
                  instance_uuid = box.info.uuid, schema_version = schema.current_version(),
-                 replication = stats.replication(), memtx = memtx,
+                 replication = failover.replication(), memtx = memtx,
                  wal = {errors = M.wal.errors, last_error_age_s = wal_age, disk_free_bytes = free}}
     if instance == nil then
         doc.role = box.info.ro and 'replica' or 'master'

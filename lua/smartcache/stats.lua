@@ -4,6 +4,8 @@ local expiry = require('smartcache.expiry')
 local util = require('smartcache.util')
 local quorum = require('smartcache.quorum')
 local compat = require('smartcache.compat')
+local disk = require('smartcache.disk')
+local failover = require('smartcache.failover')
 local semaphores = require('smartcache.semaphores')
 local latches = require('smartcache.latches')
 local queues = require('smartcache.queues')
@@ -13,28 +15,6 @@ local M = {}
 
 M.SPACES = {'sessions', 'cache', 'device', 'prewarm', 'counters', 'registers', 'sequences', 'semaphore_holders',
             'latches', 'queue_tasks'}
--- Procedure calls failed by a WAL write (count_wal_error: smartcache.api).
-M.wal_errors = 0
-
-function M.count_wal_error()
-    M.wal_errors = M.wal_errors + 1
-end
-
-function M.replication()
-    local out = {}
-    for _, r in pairs(box.info.replication) do
-        if r.id ~= box.info.id then
-            local up, down = r.upstream, r.downstream
-            table.insert(out, {
-                id = r.id, uuid = r.uuid, lsn = r.lsn,
-                upstream_status = up and up.status or nil, upstream_lag_s = up and up.lag or nil,
-                upstream_idle_s = up and up.idle or nil, upstream_message = up and up.message or nil,
-                downstream_status = down and down.status or nil, downstream_idle_s = down and down.idle or nil,
-            })
-        end
-    end
-    return out
-end
 
 -- The coordination primitives (smartcache.coordination): waiters right now on
 -- this instance, and what ran out.
@@ -59,13 +39,13 @@ function M.stats()
         spaces = spaces,
         expired = expiry.expired,
         expiry_errors = expiry.errors,
-        wal_errors = M.wal_errors,
+        wal_errors = disk.wal_errors,
         schema_version = schema.current_version(),
         read_only = box.info.ro,
         status = box.info.status,
         instance_id = box.info.id,
         instance_uuid = box.info.uuid,
-        replication = M.replication(),
+        replication = failover.replication(),
         now_ms = util.now_ms(),
         coordination = coordination(),
         -- deadlines moved by reads and touches (a write each; smartcache.sessions refresh_after_ms)

@@ -4,9 +4,7 @@ local fiber = require('fiber')
 local fio = require('fio')
 local errno = require('errno')
 local compat = require('smartcache.compat')
-local stats = require('smartcache.stats')
 local quorum = require('smartcache.quorum')
-local expiry = require('smartcache.expiry')
 local disk = require('smartcache.disk')
 local vclock = require('smartcache.failover.vclock')
 
@@ -33,15 +31,34 @@ local function probe()
     end)
 end
 
--- probe() with expiry held still meanwhile; then(), if given, before expiry goes on.
-local function probe_paused(after)
-    local paused = expiry.set_paused(true)
+-- probe() with the sweepers held still meanwhile (hold_sweeps(true) holds them and answers
+-- whether they were held already; hold_sweeps(was) lets them go on); after(), if given,
+-- before they go on.
+local function probe_paused(hold_sweeps, after)
+    local paused = hold_sweeps(true)
     local ok, err = pcall(probe)
     if after ~= nil then
         pcall(after)
     end
-    expiry.set_paused(paused)
+    hold_sweeps(paused)
     return ok, err
+end
+
+-- This instance's peers as box.info.replication shows them (sc.role, sc.stats, /health).
+function M.replication()
+    local out = {}
+    for _, r in pairs(box.info.replication) do
+        if r.id ~= box.info.id then
+            local up, down = r.upstream, r.downstream
+            table.insert(out, {
+                id = r.id, uuid = r.uuid, lsn = r.lsn,
+                upstream_status = up and up.status or nil, upstream_lag_s = up and up.lag or nil,
+                upstream_idle_s = up and up.idle or nil, upstream_message = up and up.message or nil,
+                downstream_status = down and down.status or nil, downstream_idle_s = down and down.idle or nil,
+            })
+        end
+    end
+    return out
 end
 
 -- Has the WAL's filesystem room, and does it take a write? Asked of the disk
@@ -89,8 +106,20 @@ local function clear_synchro_queue()
     end
 end
 
--- opts: user, password (the replication user), on_promote (admin writes of a new leader).
+-- opts: user, password (the replication user), on_promote (admin writes of a new leader),
+-- hold_sweeps (the instance's expiry pause, smartcache.expiry.set_paused, given by init.lua:
+-- failover requires nothing above the core modules; none by default).
+local function no_sweeps()
+    return false
+end
+
+-- Procedure calls failed by a WAL write so far (smartcache.api counts them in smartcache.disk).
+local function wal_errors()
+    return disk.wal_errors
+end
+
 function M.new(opts)
+    local hold_sweeps = opts.hold_sweeps or no_sweeps
     -- Instances whose registration (a _cluster insert: the end of a join's
     -- initial stage) committed here.
     local joined = {}
@@ -138,7 +167,7 @@ function M.new(opts)
             return quorum.inflight > 0
         end,
         on_promote = opts.on_promote or function() end,
-        wal_errors = function() return stats.wal_errors end,
+        wal_errors = wal_errors,
         disk_check = disk_check,
         -- Our one upstream (a follower replicates from the leader only): {status, message} or nil.
         upstream = function()
@@ -153,11 +182,11 @@ function M.new(opts)
         -- ones), so once our own write returns, every write submitted before it
         -- is in the WAL. Expiry holds still meanwhile, then the box turns read-only.
         quiesce = function()
-            return probe_paused(function() box.cfg({read_only = true}) end)
+            return probe_paused(hold_sweeps, function() box.cfg({read_only = true}) end)
         end,
         -- Like quiesce, but the box stays writable (a join registers the replica).
         drain = function()
-            return probe_paused(nil)
+            return probe_paused(hold_sweeps, nil)
         end,
         -- Registered (its _cluster row committed since forget_joined), or following us.
         joined = function(uuid)

@@ -5,8 +5,8 @@
 local fiber = require('fiber')
 local compat = require('smartcache.compat')
 local config = require('smartcache.config')
-local stats = require('smartcache.stats')
 local vclock = require('smartcache.failover.vclock')
+local box_adapter = require('smartcache.failover.box_adapter')
 local rejoin = require('smartcache.failover.rejoin')
 local topology = require('smartcache.failover.topology')
 
@@ -53,7 +53,7 @@ function M.role(inst)
     out.time_ms = math.floor(fiber.time() * 1000)  -- the service measures its clock offset from this
     -- compat.NO_BOX_INFO_SYNCHRO: Tarantool 2.6.0 has no box.info.synchro.
     out.sync_queue_len = not compat.NO_BOX_INFO_SYNCHRO and box.info.synchro.queue.len or box.NULL
-    out.replication = stats.replication()
+    out.replication = box_adapter.replication()
     return out
 end
 
