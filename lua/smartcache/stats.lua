@@ -49,7 +49,7 @@ function M.stats()
         now_ms = util.now_ms(),
         coordination = coordination(),
         -- deadlines moved by reads and touches (a write each; smartcache.sessions refresh_after_ms)
-        session_refreshes = sessions.refreshes,
+        session_refreshes = sessions.refreshes(),
         synchronous = quorum.stats(),
         workarounds = compat.active(),  -- the Tarantool version workarounds on (smartcache.compat)
     })

@@ -7,6 +7,7 @@ local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'hel
 helper.start()
 local config = require('smartcache.config')
 local sessions = require('smartcache.sessions')
+local reads = require('smartcache.sessions.reads')  -- the refresh rule and its counter
 local F = require('smartcache.schema').F.sessions
 
 local test = tap.test('session lifecycle')
@@ -167,18 +168,18 @@ end)
 
 test:test('a read refreshes the deadline only once a tenth of the TTL has passed since the last refresh', function(t)
     t:plan(5)
-    t:is(sessions.refresh_after_ms(1800 * 1000), 180 * 1000, 'a tenth of 30 min: 3 min')
-    t:is(sessions.refresh_after_ms(5 * 1000), 1000, 'never below 1 s')
-    t:is(sessions.refresh_after_ms(30 * 86400 * 1000), 300 * 1000, 'never above 5 min')
+    t:is(reads.refresh_after_ms(1800 * 1000), 180 * 1000, 'a tenth of 30 min: 3 min')
+    t:is(reads.refresh_after_ms(5 * 1000), 1000, 'never below 1 s')
+    t:is(reads.refresh_after_ms(30 * 86400 * 1000), 300 * 1000, 'never above 5 min')
     local sid = sc.session_create(nil, nil, 'client-read', nil, 600, 'x').session_id
-    local writes = sessions.refreshes
+    local writes = reads.refreshes
     for _ = 1, 20 do
         sc.session_get(nil, sid)
     end
-    t:is(sessions.refreshes, writes, '20 reads within a minute of a 10 min session write nothing')
+    t:is(reads.refreshes, writes, '20 reads within a minute of a 10 min session write nothing')
     box.space.sessions:update(sid, {{'-', F.updated_at, 61000}})
     sc.session_get(nil, sid)
-    t:is(sessions.refreshes, writes + 1, 'one past a tenth of its TTL writes once')
+    t:is(reads.refreshes, writes + 1, 'one past a tenth of its TTL writes once')
 end)
 
 test:test('the list shows created-at, last refresh, expiry, version and device, never the data', function(t)

@@ -1,0 +1,140 @@
+-- Changes of a live session: update (the whole value with compare-and-set, or
+-- attribute merges inside the transaction, so two requests changing different
+-- attributes both survive) and rotate (a new id for the same session).
+local util = require('smartcache.util')
+local events = require('smartcache.events')
+local reads = require('smartcache.sessions.reads')
+local create = require('smartcache.sessions.create')
+local F = require('smartcache.schema').F.sessions
+
+local M = {}
+
+local live = reads.live
+
+-- A msgpack map: decoded ones say so in their metatable; a plain Lua table is one
+-- when it has no array part (an empty table counts as an empty map).
+local function is_map(v)
+    if type(v) ~= 'table' then
+        return false
+    end
+    local mt = getmetatable(v)
+    if mt ~= nil and mt.__serialize ~= nil then
+        return mt.__serialize == 'map' or mt.__serialize == 'mapping'
+    end
+    return #v == 0
+end
+
+-- The merge of SESSION_UPDATE's set (attribute -> value) and unset (attributes)
+-- into a session's map-valued data (no data yet: an empty map). nil and why for
+-- data that is not a map.
+local function merged(data, set, unset)
+    data = util.opt(data, nil)  -- no data is stored as box.NULL
+    if data ~= nil and not is_map(data) then
+        return nil, 'set/unset need the session data to be a map; it is not (replace it whole with data)'
+    end
+    local out = setmetatable({}, {__serialize = 'map'})
+    for k, v in pairs(data or {}) do
+        out[k] = v
+    end
+    for k, v in pairs(set or {}) do
+        out[k] = v
+    end
+    for _, k in ipairs(unset or {}) do
+        out[k] = nil
+    end
+    return out
+end
+
+local function check_merge(data, set, unset)
+    if set == nil and unset == nil then
+        return data == nil and 'data, or set / unset, is required' or nil
+    end
+    if data ~= nil then
+        return 'data replaces the whole value; set / unset change attributes: give one or the other'
+    end
+    if set ~= nil and not is_map(set) then
+        return 'set must be a map of attribute -> value'
+    end
+    if unset ~= nil then
+        if type(unset) ~= 'table' or is_map(unset) and next(unset) ~= nil then
+            return 'unset must be a list of attribute names'
+        end
+        for _, k in ipairs(unset) do
+            if type(k) ~= 'string' then
+                return 'unset must be a list of attribute names'
+            end
+        end
+    end
+    for k in pairs(set or {}) do
+        if type(k) ~= 'string' then
+            return 'set must have string keys'
+        end
+    end
+    return nil
+end
+
+-- Replace the data (data), or merge attributes into it (set, unset) inside the
+-- transaction, so two requests changing different attributes both survive;
+-- expected_rev makes either a compare-and-set.
+function M.update(id, data, expected_rev, version, set, unset)
+    data, set, unset = util.opt(data, nil), util.opt(set, nil), util.opt(unset, nil)
+    expected_rev = util.opt(expected_rev, nil)  -- 10^14 and more come as 64-bit cdata
+    local err = util.check_positive(expected_rev, 'expected_rev', util.MAX_SAFE, true)
+        or util.check(version, 'string', 'version', true) or check_merge(data, set, unset)
+    if err ~= nil then
+        return util.bad_request(err)
+    end
+    local now = util.now_ms()
+    return util.atomic(function()
+        local t = live(id, now)
+        if t == nil then
+            return util.result('NOT_FOUND')
+        end
+        if expected_rev ~= nil and t[F.rev] ~= expected_rev then
+            return util.result('CONFLICT', {rev = t[F.rev]})
+        end
+        local value = data
+        if data == nil then
+            local why
+            value, why = merged(t[F.data], set, unset)
+            if value == nil then
+                return util.bad_request(why)
+            end
+        end
+        local ops = {{'=', F.data, value}, {'+', F.rev, 1}, {'=', F.updated_at, now},
+                     {'=', F.expires_at, now + t[F.ttl_ms]}}
+        if version ~= nil then
+            table.insert(ops, {'=', F.version, version})
+        end
+        t = box.space.sessions:update(id, ops)
+        events.write('session.updated', id, {client_id = t[F.client_id], rev = t[F.rev]})
+        return util.result('OK', {rev = t[F.rev], expires_in_ms = t[F.ttl_ms]})
+    end)
+end
+
+-- A new id for the same session: client, data, revision, cache entries and the
+-- deadline move to it in one transaction, and the old id is gone the instant
+-- it commits (a front server rotates at login: session fixation). One event,
+-- session.rotated, keyed by the new id with the old one in its payload.
+function M.rotate(id)
+    local now = util.now_ms()
+    return util.atomic(function()
+        local t = live(id, now)
+        if t == nil then
+            return util.result('NOT_FOUND')
+        end
+        local new = create.new_id(t[F.client_id])
+        local entries = box.space.cache.index.primary:select({id}, {iterator = 'EQ'})
+        for _, c in ipairs(entries) do
+            box.space.cache:delete({c[1], c[2]})
+            box.space.cache:insert(c:update({{'=', 1, new}}))
+        end
+        box.space.sessions:delete(id)
+        box.space.sessions:insert(t:update({{'=', F.id, new}, {'=', F.created_at, t[F.created_at] or t[F.updated_at]}}))
+        events.write('session.rotated', new, {client_id = t[F.client_id], old_session_id = id})
+        return util.result('OK', {session_id = new, expires_in_ms = t[F.expires_at] - now, rev = t[F.rev],
+                                  cache_moved = #entries})
+    end)
+end
+
+return M
