@@ -20,19 +20,18 @@ the poll for no gain here. The poll moves between the members like the
 instances' own client (the member that answered last first, each at most once
 per read), so one member down costs at most one timeout now and then.
 
-On aiohttp rather than the CLI's urllib client (service/smartcache/cli/etcd.py): a
-blocking read on the service's event loop would stall every request for as
-long as an etcd member takes not to answer, and the server may not import the
-CLI anyway; aiohttp is already the service's HTTP client (corebackend.py).
+Through the asyncio face of the one etcd client (smartcache.ops.etcd.aio, on aiohttp): a
+blocking read on the service's event loop would stall every request for as long as an etcd
+member takes not to answer. The server imports ops, never the CLI or the console
+(import-linter contracts in pyproject.toml).
 """
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 
-import aiohttp
-
+from smartcache.ops.etcd import EtcdUnavailable
+from smartcache.ops.etcd.aio import AsyncEtcd
 from smartcache.wire import topology
 
 #: how often the storage connection reads the members
@@ -48,19 +47,13 @@ class DiscoveryError(Exception):
     caller keeps the instances it has."""
 
 
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
 class Discovery:
     """Reads a cluster's instances from etcd. One per event loop (an aiohttp session belongs to one)."""
 
     def __init__(self, *, endpoints: Sequence[str], cluster: str, timeout_s: float = ASK_TIMEOUT_S) -> None:
         self.endpoints = list(endpoints)
         self.cluster = cluster
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._first = 0  # the member that answered last
-        self._http: aiohttp.ClientSession | None = None  # made on first use, inside the running loop
+        self._etcd = AsyncEtcd(self.endpoints, timeout_s)
 
     async def addresses(self) -> tuple[tuple[str, ...], str]:
         """(the instances' addresses, TOPOLOGY or RECORDS); raises DiscoveryError."""
@@ -80,32 +73,11 @@ class Discovery:
         return found[0] if found else None
 
     async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self._etcd.close()
 
     async def _range(self, key: str, *, prefix: bool = False) -> list[bytes]:
         """The values of key (or of every key under it), from the first member that answers."""
-        body = {"key": _b64(key)}
-        if prefix:
-            body["range_end"] = _b64(key[:-1] + chr(ord(key[-1]) + 1))
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=self._timeout)
-        errors = []
-        n = len(self.endpoints)
-        for i in range(n):
-            index = (self._first + i) % n
-            url = self.endpoints[index] + "/v3/kv/range"
-            try:
-                async with self._http.post(url, json=body) as r:
-                    if r.status != 200:
-                        errors.append(f"{url}: HTTP {r.status}")
-                        continue
-                    doc = await r.json(content_type=None)
-            except (TimeoutError, aiohttp.ClientError, ValueError) as e:
-                errors.append(f"{url}: {type(e).__name__}: {e}")
-                continue
-            self._first = index
-            return [base64.b64decode(kv.get("value", "")) for kv in (doc or {}).get("kvs", [])]
-        self._first = (self._first + 1) % n
-        raise DiscoveryError("no etcd member answered: " + "; ".join(errors))
+        try:
+            return [kv.value for kv in await self._etcd.range(key, prefix=prefix)]
+        except EtcdUnavailable as e:
+            raise DiscoveryError(f"no etcd member answered: {e}") from e
