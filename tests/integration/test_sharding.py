@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from loadtest.backend import Backend
-from smartcache.cli import cluster
 from smartcache.client import Client
 from smartcache.devstack.etcd import EtcdCluster
 from smartcache.devstack.stack import Tarantool
+from smartcache.ops import cluster
 from smartcache.server.app import Service
 from smartcache.server.config import Settings
 from smartcache.server.storage.shards import BucketMap

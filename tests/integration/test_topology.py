@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from smartcache.cli import cluster, etcd
 from smartcache.devstack.stack import Tarantool
+from smartcache.ops import cluster, etcd
 from smartcache.wire import topology
 from tests.conftest import running_service, service_settings
 from tests.integration.conftest_ha import HACluster, WritableSampler, eventually, ha_cluster, wait_for

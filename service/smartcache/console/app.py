@@ -34,12 +34,12 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from smartcache.cli import cluster
 from smartcache.client import Client
 from smartcache.console import lookups
 from smartcache.console.parts import Part, Seen
 from smartcache.console.rates import Scraper
 from smartcache.console.settings import Service, Settings
+from smartcache.ops import cluster
 
 log = structlog.get_logger("smartcache.console")
 

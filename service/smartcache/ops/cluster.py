@@ -1,0 +1,180 @@
+"""The storage cluster's operations: switchover, rejoin, topology changes, a sharded cluster's map; and its status.
+
+The one name the CLI, the console and the service import for the cluster
+(``from smartcache.ops import cluster``): the operations are here, the rest is re-exported from
+:mod:`.access`, :mod:`.instances` and :mod:`.status`.
+
+It never changes a role or the membership by itself: a switchover is asked of the leader,
+which hands its etcd key to the candidate; a rejoin is asked of the instance to rebuild,
+which restarts empty and copies the leader; a membership change (init, add, remove) is asked
+of the leader, which writes the topology in etcd by compare-and-swap and waits for the
+others (lua/README.md, "Topology"); the procedures are lua/smartcache/failover/procedures.lua's.
+
+An instance that stops answering in the middle of a switchover or a rejoin (the leader
+killed during the hand-over: the connector's NetworkError, errno 104) is an answer too:
+``{"error": "CONNECTION_LOST"}`` with who leads now, never a traceback; the hand-over may or
+may not have happened, and the status after it says which.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from smartcache.ops import etcd
+from smartcache.ops.access import CONNECT_TIMEOUT_S, Access
+from smartcache.ops.instances import (
+    CONNECTION_ERRORS,
+    Registry,
+    call,
+    connection,
+    find,
+    leader_now,
+    leader_of,
+    registry,
+    role,
+)
+from smartcache.ops.status import bucket_map, etcd_status, status, topology_status
+from smartcache.wire import topology
+
+__all__ = [
+    "CHANGE_ANSWER_MARGIN_S",
+    "CONNECTION_ERRORS",
+    "CONNECT_TIMEOUT_S",
+    "LEADER_POLL_S",
+    "LEADER_WAIT_S",
+    "Access",
+    "Registry",
+    "bucket_map",
+    "connection",
+    "etcd_status",
+    "find",
+    "leader_of",
+    "registry",
+    "rejoin",
+    "role",
+    "shards_init",
+    "status",
+    "switchover",
+    "topology_add",
+    "topology_init",
+    "topology_remove",
+    "topology_status",
+]
+
+#: how long a membership change may take beyond its own timeout before the CLI stops waiting for the answer
+CHANGE_ANSWER_MARGIN_S = 10.0
+#: how long a membership change looks for a leader before it answers NO_LEADER, and how often
+LEADER_WAIT_S = 10.0
+LEADER_POLL_S = 0.5
+
+
+def _lost(access: Access, address: str, what: str, e: BaseException) -> dict[str, Any]:
+    """The answer when an instance stopped answering during an operation: what is known now."""
+    after = leader_now(access)
+    return {
+        "error": "CONNECTION_LOST",
+        "address": address,
+        "message": f"{address} stopped answering during the {what} ({type(e).__name__}: {e}); it may or may not "
+        "have happened: see the leader and term now (smartcache-cli cluster status)",
+        "leader": after["leader"],
+        "term": after["term"],
+    }
+
+
+def switchover(access: Access, candidate: str | None, timeout_ms: int) -> dict[str, Any]:
+    """Ask the leader to hand over to candidate (or to the most up-to-date follower); reports the write pause."""
+    now = leader_now(access)
+    if now["leader"] is None:
+        return {"status": "NO_LEADER", "message": "no instance leads now: nothing to hand over", **now}
+    uuid = None
+    if candidate:
+        target = find(access, candidate)
+        if not target.get("reachable"):
+            return {"status": "UNREACHABLE", "address": target["address"], "message": target.get("error")}
+        uuid = target["instance_uuid"]
+    # the leader answers once the candidate has taken over or timeout_ms has passed
+    try:
+        result = call(access, now["leader"], "switchover", uuid, timeout_ms, answer_timeout_s=timeout_ms / 1000 + 5)
+    except CONNECTION_ERRORS as e:
+        return _lost(access, now["leader"], "switchover", e)
+    return {"from": now["leader"], **result}
+
+
+def rejoin(access: Access, instance: str, *, force: bool) -> dict[str, Any]:
+    """Ask an instance (diverged, or any follower with force) to rebuild itself from the leader."""
+    target = find(access, instance)
+    if not target.get("reachable"):
+        return {"status": "UNREACHABLE", "address": target["address"], "message": target.get("error")}
+    try:
+        result = call(access, target["address"], "rejoin", target["instance_uuid"], force, answer_timeout_s=30.0)
+    except CONNECTION_ERRORS as e:
+        return _lost(access, target["address"], "rejoin", e)
+    return {"address": target["address"], **result}
+
+
+def _on_leader(access: Access, what: str, procedure: str, *args: Any, wait_s: float) -> dict[str, Any]:
+    """A membership change, asked of the leader (the only one that changes the topology). No leader now: asked
+    again for up to LEADER_WAIT_S (a leader holds its writes for a moment after a topology or quorum change, and
+    an election takes a TTL and a bit), then NO_LEADER."""
+    deadline = time.monotonic() + LEADER_WAIT_S
+    now = leader_now(access)
+    while now["leader"] is None and time.monotonic() < deadline:
+        time.sleep(LEADER_POLL_S)
+        now = leader_now(access)
+    if now["leader"] is None:
+        return {
+            "status": "NO_LEADER",
+            "message": f"no instance leads now (asked for {LEADER_WAIT_S:g} s): the {what} goes through the leader",
+            **now,
+        }
+    try:
+        result = call(access, now["leader"], procedure, *args, answer_timeout_s=wait_s + CHANGE_ANSWER_MARGIN_S)
+    except CONNECTION_ERRORS as e:
+        return _lost(access, now["leader"], what, e)
+    return {"leader": now["leader"], **result}
+
+
+def topology_init(access: Access, *, force: bool = False) -> dict[str, Any]:
+    """The cluster's first topology, made by the leader from the live members; OK (created false) if one exists."""
+    return _on_leader(access, "topology init", "topology_init", force, wait_s=5.0)
+
+
+def topology_add(access: Access, address: str, *, http_port: int | None, eligible: bool) -> dict[str, Any]:
+    """Make address a member (an instance waiting for it then joins); seeds the first topology if there is none."""
+    return _on_leader(access, "member add", "topology_add", address, http_port, eligible, wait_s=5.0)
+
+
+def topology_remove(access: Access, address: str, timeout_ms: int) -> dict[str, Any]:
+    """Take address out: first it stops replicating and counting in the quorum, then the list shrinks."""
+    return _on_leader(access, "member removal", "topology_remove", address, timeout_ms, wait_s=timeout_ms / 1000 + 5)
+
+
+def shards_init(access: Access, shards: Sequence[str], buckets_count: int) -> dict[str, Any]:
+    """A sharded cluster's bucket map (created once in etcd: the buckets split in equal ranges over the shards,
+    in the order given), then each shard's leader takes its buckets (sc.buckets_init). Idempotent: an existing
+    map is kept as it is and each shard is given the buckets that map names (docs/design/sharding.md)."""
+    if access.cluster is None:
+        return {"status": "BAD_REQUEST", "message": "--cluster names the sharded cluster"}
+    step, ranges = -(-buckets_count // len(shards)), []
+    for i, name in enumerate(shards):
+        first, last = i * step, min(buckets_count, (i + 1) * step) - 1
+        if first <= last:
+            ranges.append([first, last, name])
+    doc = {"version": 1, "buckets": buckets_count, "shards": list(shards), "ranges": ranges}
+    stored, created = etcd.create(
+        access.etcd, topology.buckets_key(access.cluster), json.dumps(doc).encode(), access.timeout_s
+    )
+    held = json.loads(stored)
+    out: dict[str, Any] = {"status": "OK", "map": held, "created": created, "shards": {}}
+    for name in held["shards"]:
+        mine = [b for first, last, s in held["ranges"] if s == name for b in range(first, last + 1)]
+        shard_access = replace(access, cluster=topology.shard_cluster(access.cluster, name), addresses=())
+        answer = _on_leader(shard_access, "buckets init", "buckets_init", held["buckets"], mine, wait_s=5.0)
+        out["shards"][name] = answer
+        if answer.get("status") != "OK":
+            out["status"] = answer.get("status") or "ERROR"
+    return out
