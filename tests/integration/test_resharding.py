@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 
-from smartcache.cli import cluster, moves, output
+from smartcache.cli import output
 from smartcache.client import Client
 from smartcache.devstack.etcd import EtcdCluster
 from smartcache.devstack.stack import Tarantool
+from smartcache.ops import cluster, moves
 from smartcache.wire import buckets, topology
 from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
@@ -307,8 +308,8 @@ def test_drain_a_shard_under_load_and_a_stale_copy_left_by_a_dead_driver_is_sett
                     lambda: metric(a.metrics_url, "smartcache_buckets_moving", {"shard": "s1"}) == 1, 10,
                     what="the settler's gauge: one bucket of s1 moving",
                 )  # fmt: skip
-                stall = moves.STALL_S
-                moves.STALL_S = 1.0
+                stall = moves.settler.STALL_S
+                moves.settler.STALL_S = 1.0
                 try:
                     eventually(
                         lambda: two.ask("s1", "bucket_state", b)["state"] == "active", 20,
@@ -316,7 +317,7 @@ def test_drain_a_shard_under_load_and_a_stale_copy_left_by_a_dead_driver_is_sett
                     )  # fmt: skip
                     eventually(lambda: two.ask("s2", "bucket_state", b)["state"] is None, 20, what="copy deleted")
                 finally:
-                    moves.STALL_S = stall
+                    moves.settler.STALL_S = stall
                 assert two.ask("s1", "bucket_state", b)["generation"] == gen + 1  # the old copy can never be active
                 plan = moves.plan_even(two.map(), ["s1", "s2"], away=["s2"])
                 with Sampler(two) as sampler:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import tarantool
 
-from smartcache.cli import cluster, moves
 from smartcache.cli.main import main
+from smartcache.ops import cluster, moves
 
 
 def refused_url() -> str:
@@ -113,10 +113,10 @@ def link(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[moves.Link, dict[str
         state["conns"].append(conn)
         return conn
 
-    monkeypatch.setattr(moves.etcd, "read", read)
-    monkeypatch.setattr(moves.cluster, "connection", connection)
-    monkeypatch.setattr(moves, "WATCH_AFTER_S", 0.2)
-    monkeypatch.setattr(moves, "LEADER_POLL_S", 0.05)
+    monkeypatch.setattr(moves.link.etcd, "read", read)
+    monkeypatch.setattr(moves.link.instances, "connection", connection)
+    monkeypatch.setattr(moves.link, "WATCH_AFTER_S", 0.2)
+    monkeypatch.setattr(moves.link, "LEADER_POLL_S", 0.05)
     access = cluster.Access(addresses=(), user="operator", password="operator", etcd=["http://e1"], cluster="bank")
     lk = moves.Link(access, "s1")
     try:

@@ -1,4 +1,5 @@
-"""The bucket map's arithmetic and the plans of rebalance and drain (service/smartcache/cli/moves.py)."""
+"""The bucket map's arithmetic and the plans of rebalance and drain (service/smartcache/ops/moves/bucketmap.py and
+plan.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from smartcache.cli import moves
+from smartcache.ops import moves
 
 
 def a_map(owner: list[str], shards: list[str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from smartcache.cli import etcd
+from smartcache.ops import etcd
 from smartcache.wire.buckets import MAX_BUCKETS
 from smartcache.wire.keys import create_key_pair
 from smartcache.wire.ports import CLUSTER_VARIABLE, default_etcd, default_tarantool
@@ -140,7 +140,8 @@ def _not_negative(text: str) -> int:
 
 
 def _moves(a: argparse.Namespace, access: Any, emit: Emit) -> int:
-    from smartcache.cli import moves  # noqa: PLC0415 (the server extra: see _cluster)
+    from smartcache.cli.progress import Progress  # noqa: PLC0415 (the server extra: see _cluster)
+    from smartcache.ops import moves  # noqa: PLC0415
 
     try:
         if a.operation == "shard":
@@ -167,7 +168,7 @@ def _moves(a: argparse.Namespace, access: Any, emit: Emit) -> int:
             if a.dry_run:
                 emit({"status": "OK", "moves": len(plan), "plan": [[b, s] for b, s in plan]})
                 return EXIT_OK
-            progress = moves.Progress(len(plan))
+            progress = Progress(len(plan))
             doc = moves.run_moves(access, plan, parallel=a.parallel, pause_s=a.pause_ms / 1000, progress=progress)
     except etcd.EtcdUnavailable as e:
         emit({"error": "ETCD_UNAVAILABLE", "message": f"etcd did not answer (the bucket map is there): {e}"})
@@ -223,7 +224,7 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
     endpoints = etcd.endpoints_of(a.etcd)
     try:
         # The Tarantool connector comes with the server extra; the other commands need only the client's.
-        from smartcache.cli import cluster  # noqa: PLC0415
+        from smartcache.ops import cluster  # noqa: PLC0415
     except ModuleNotFoundError as e:
         if e.name != "tarantool":
             raise

@@ -37,7 +37,8 @@ import structlog
 import zmq
 
 from smartcache import __version__
-from smartcache.cli import cluster, moves
+from smartcache.ops import moves
+from smartcache.ops.access import Access
 from smartcache.server import logs, processes
 from smartcache.server.broker.broker import Broker, Guest
 from smartcache.server.config import Settings, unknown_variables
@@ -101,11 +102,11 @@ class Service:
         )
         self.metrics_port = 0
         # Moves of buckets left half-done by their driver (a killed CLI, a failover) are finished or given up
-        # by every service instance (service/smartcache/cli/moves.py): each step is checked by storage, so many at once
-        # are safe, and no move waits for a person.
+        # by every service instance (service/smartcache/ops/moves/settler.py): each step is checked by storage, so
+        # many at once are safe, and no move waits for a person.
         self.settler = (
             moves.Settler(
-                cluster.Access(
+                Access(
                     addresses=(),
                     user=settings.tarantool_user,
                     password=settings.tarantool_password,
