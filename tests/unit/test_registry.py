@@ -5,7 +5,7 @@ from pathlib import Path
 
 from smartcache.server.handlers.routes import ALL_HANDLERS
 from smartcache.server.metrics import BAD_INPUT_ERRORS
-from smartcache.server.storage.routing import WRITES
+from smartcache.server.storage.procedures import WRITES
 from smartcache.wire import REGISTRY, errors
 
 MESSAGE_TYPES = {

@@ -1,5 +1,5 @@
 """Discovery without I/O: the topology's JSON, and how the storage connection follows what etcd lists
-(service/smartcache/wire/topology.py, service/smartcache/server/storage/discovery.py, routing.Storage._apply)."""
+(service/smartcache/wire/topology.py, service/smartcache/server/storage/discovery.py, membership.Membership.apply)."""
 
 from __future__ import annotations
 
@@ -105,9 +105,9 @@ def _addresses(storage: Storage) -> list[str]:
 def test_new_members_get_an_instance_and_those_gone_from_the_topology_are_closed(no_connections: list[str]) -> None:
     async def run() -> dict[str, Any]:
         storage, metrics = _storage(("t1:3301", "t2:3301"))
-        await storage._apply(("t1:3301", "t2:3301", "t4:3301"), TOPOLOGY)
+        await storage._membership.apply(("t1:3301", "t2:3301", "t4:3301"), TOPOLOGY)
         after_add = _addresses(storage)
-        await storage._apply(("t1:3301", "t4:3301"), TOPOLOGY)
+        await storage._membership.apply(("t1:3301", "t4:3301"), TOPOLOGY)
         return {
             "after_add": after_add,
             "after_remove": _addresses(storage),
@@ -126,9 +126,9 @@ def test_new_members_get_an_instance_and_those_gone_from_the_topology_are_closed
 def test_records_only_add_and_an_empty_list_changes_nothing(no_connections: list[str]) -> None:
     async def run() -> tuple[list[str], list[str]]:
         storage, _ = _storage(("t1:3301", "t2:3301"))
-        await storage._apply(("t1:3301", "t3:3301"), RECORDS)  # t2's record expired: it may be down a while
+        await storage._membership.apply(("t1:3301", "t3:3301"), RECORDS)  # t2's record expired: it may be down a while
         after_records = _addresses(storage)
-        await storage._apply((), TOPOLOGY)
+        await storage._membership.apply((), TOPOLOGY)
         return after_records, _addresses(storage)
 
     after_records, after_empty = asyncio.run(run())

@@ -1,4 +1,4 @@
-"""Storage routing without I/O: when no election is coming (service/smartcache/server/storage/routing.py
+"""Storage routing without I/O: when no election is coming (service/smartcache/server/storage/leadership.py
 unreachable_leader), a write waiting for storage that the deadline sweep cancels is answered as not
 executed, not left to EXPIRED, where a read goes while no one leads, and a write the leader holds."""
 
@@ -15,13 +15,8 @@ from smartcache.server.config import Settings
 from smartcache.server.job import Job
 from smartcache.server.metrics import Metrics
 from smartcache.server.storage.instances import ER_WAL_IO, maybe_applied
-from smartcache.server.storage.routing import (
-    HEARD_AFTER_US_S,
-    LEADER_HEARD_S,
-    Storage,
-    _wait_until,
-    unreachable_leader,
-)
+from smartcache.server.storage.leadership import HEARD_AFTER_US_S, LEADER_HEARD_S, unreachable_leader, wait_until
+from smartcache.server.storage.routing import Storage
 from smartcache.wire.errors import StorageUnavailable, WritesHeld
 
 LEADER, F1, F2 = "uuid-leader", "uuid-f1", "uuid-f2"
@@ -104,7 +99,7 @@ def test_a_wait_cancelled_by_the_deadline_sweep_returns_so_the_caller_answers_st
     async def scenario() -> tuple[bool, int]:
         job = _job(time.monotonic() + 3600)
         never = asyncio.Event()
-        task = asyncio.get_running_loop().create_task(_wait_until(never.wait(), job, job.deadline))
+        task = asyncio.get_running_loop().create_task(wait_until(never.wait(), job, job.deadline))
         await asyncio.sleep(0)  # waiting now
         job.deadline = time.monotonic()  # the lifetime ended: the sweep cancels the task
         task.cancel()
@@ -117,7 +112,7 @@ def test_a_wait_cancelled_by_the_deadline_sweep_returns_so_the_caller_answers_st
 def test_a_wait_cancelled_for_another_reason_stays_cancelled() -> None:
     async def scenario() -> bool:
         job = _job(time.monotonic() + 3600)  # time left: the worker is stopping, not the sweep
-        task = asyncio.get_running_loop().create_task(_wait_until(asyncio.Event().wait(), job, job.deadline))
+        task = asyncio.get_running_loop().create_task(wait_until(asyncio.Event().wait(), job, job.deadline))
         await asyncio.sleep(0)
         task.cancel()
         await asyncio.wait([task])
@@ -131,8 +126,8 @@ def test_a_wait_returns_when_what_it_waits_for_happens_or_its_end_comes() -> Non
         job = _job(time.monotonic() + 3600)
         ready = asyncio.Event()
         ready.set()
-        await _wait_until(ready.wait(), job, job.deadline)
-        await _wait_until(asyncio.Event().wait(), job, time.monotonic())  # the end is now: returns
+        await wait_until(ready.wait(), job, job.deadline)
+        await wait_until(asyncio.Event().wait(), job, time.monotonic())  # the end is now: returns
 
     asyncio.run(scenario())
 
@@ -157,8 +152,8 @@ def test_which_failed_writes_may_still_have_been_applied(code: int, role: str | 
 
 def _storage(instances: list[Any], last: Any = None, leader: Any = None) -> Storage:
     s = Storage(settings=Settings(), metrics=Metrics())
-    s.instances = instances
-    s.leader, s.last_leader = leader, last
+    s._leadership.replace(instances)
+    s._leadership.leader, s._leadership.last_leader = leader, last
     return s
 
 
@@ -166,13 +161,13 @@ def test_a_read_falls_back_to_the_last_leader_while_no_instance_has_a_later_term
     """etcd down: the leader fenced itself; it holds every acknowledged write and nobody else can write."""
     last = instance(LEADER, role={"role": "fenced"})
     s = _storage([last, instance(F1, role=follower()), instance(F2, role=follower())], last=last)
-    assert s._read_fallback() is last
+    assert s._leadership.read_fallback() is last
 
 
 def test_a_read_never_falls_back_to_a_follower_that_may_lag() -> None:
     down = instance(LEADER, up=False, role={"role": "leader"})
-    assert _storage([down, instance(F1, role=follower())], last=down)._read_fallback() is None
-    assert _storage([instance(F1, role=follower())], last=None)._read_fallback() is None
+    assert _storage([down, instance(F1, role=follower())], last=down)._leadership.read_fallback() is None
+    assert _storage([instance(F1, role=follower())], last=None)._leadership.read_fallback() is None
 
 
 def test_a_read_does_not_fall_back_once_an_instance_has_a_later_term() -> None:
@@ -180,7 +175,7 @@ def test_a_read_does_not_fall_back_once_an_instance_has_a_later_term() -> None:
     last = instance(LEADER, role={"role": "fenced"})
     newer = instance(F1, role={**follower(F2), "term": 8})
     newer.term = 8
-    assert _storage([last, newer], last=last)._read_fallback() is None
+    assert _storage([last, newer], last=last)._leadership.read_fallback() is None
 
 
 class _Conn:
@@ -229,4 +224,4 @@ def test_without_failover_a_read_falls_back_to_a_replica_while_the_master_is_dow
     """Every instance standalone (asynchronous replication, no election): a replica answers what it has."""
     master = instance(LEADER, up=False, role={"role": "standalone"})
     replica = instance(F1, role={"role": "standalone"})
-    assert _storage([master, replica], last=master)._read_fallback() is replica
+    assert _storage([master, replica], last=master)._leadership.read_fallback() is replica
