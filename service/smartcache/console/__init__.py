@@ -6,9 +6,11 @@ Its own small process, not a page of the service: it reads what ``smartcache-cli
 reads (etcd, every Tarantool instance, every service instance's INFO and
 ``/metrics``), so it must not live inside one service instance whose failure
 would blank the page; it runs beside the cluster with the operator's
-credentials. It imports the CLI, the client and the wire, never the server
-(an import-linter contract in pyproject.toml).
+credentials. It imports the operations library (smartcache.ops), the client and
+the wire, never the server or the CLI (import-linter contracts in pyproject.toml).
 
+* ``main``: the command, or what is missing when the server extra is not installed;
+* ``serve``: start-up, the log, exit codes;
 * ``settings``: the command line and the environment, the token, production's refusal;
 * ``parts``: one poller per part (the storage cluster, each service's INFO), blocking calls in
   an executor with a bounded wait, so one part that does not answer degrades only itself;
