@@ -2,7 +2,11 @@
 
 :mod:`.main` (the parser, the message commands, output and exit codes),
 :mod:`.coordination` (counters, locks, queues...), :mod:`.events` (``events tail``),
-:mod:`.admin` (``cluster`` and ``keys``), :mod:`.cluster` (the storage instances as an
-operator sees them). It uses the client library and the wire only, never the server;
-``cluster`` needs the Tarantool connector of the server extra.
+:mod:`.admin` (``cluster`` and ``keys``), :mod:`.output` (the layouts),
+:mod:`.progress` (the progress line of rebalance and drain). Argument parsing and
+output only: the storage cluster's operations (etcd, status, switchover, moves)
+are :mod:`smartcache.ops`'. It uses ops, the client and the wire, never the server
+or the console; ``cluster`` needs the Tarantool connector of the server extra.
+:mod:`.etcd`, :mod:`.cluster` and :mod:`.moves` only re-export ops for the code
+outside the CLI that still imports those names.
 """

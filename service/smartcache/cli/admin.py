@@ -62,6 +62,13 @@ def _cluster_parser(sub: Any) -> None:
         help="the cluster's name, SC_CLUSTER (default: $SMARTCACHE_CLUSTER, else what the instances report)",
     )
     ops = cl.add_subparsers(dest="operation", required=True, metavar="OPERATION", help="what to do")
+    _roles_parsers(ops)
+    _members_parsers(ops)
+    _moves_parsers(ops)
+
+
+def _roles_parsers(ops: Any) -> None:
+    """cluster status / switchover / rejoin: the roles, asked of the instances (lua/README.md, Failover)."""
     ops.add_parser(
         "status",
         help="each instance: role, term, lease left, vclock, replication; who leads; the etcd members",
@@ -83,8 +90,6 @@ def _cluster_parser(sub: Any) -> None:
     )
     rj.add_argument("instance", help="the instance to rebuild, HOST:PORT or uuid")
     rj.add_argument("--force", action="store_true", help="rebuild a follower that is not diverged too")
-    _members_parsers(ops)
-    _moves_parsers(ops)
 
 
 def _moves_parsers(ops: Any) -> None:
@@ -249,11 +254,18 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
             emit({"error": "BAD_ARGUMENT", "message": "--cluster (or $SMARTCACHE_CLUSTER) names the sharded cluster"})
             return EXIT_BAD
         return _moves(a, access, emit)
+    if a.operation == "status":
+        doc = cluster.status(access)
+        emit(doc)
+        return EXIT_OK if doc["healthy"] else EXIT_STATUS
+    return _change(a, access, emit)
+
+
+def _change(a: argparse.Namespace, access: Any, emit: Emit) -> int:
+    """cluster switchover / rejoin / init / add / remove: one operation of ops.cluster, its answer printed."""
+    from smartcache.ops import cluster  # noqa: PLC0415 (the server extra: see _cluster)
+
     try:
-        if a.operation == "status":
-            doc = cluster.status(access)
-            emit(doc)
-            return EXIT_OK if doc["healthy"] else EXIT_STATUS
         if a.operation == "switchover":
             doc = cluster.switchover(access, a.instance, a.timeout_ms)
         elif a.operation == "rejoin":
