@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-8)
 
-.PHONY: help run test lint fmt bench bench-resharding fuzz clean reset-data sysdeps venv lua-test docker-test test-faults console-assets
+.PHONY: help run test test-unit lint fmt bench bench-resharding fuzz clean reset-data sysdeps venv lua-test docker-test test-faults console-assets
 .DEFAULT_GOAL := help
 
 help:  ## list the targets (this text)
@@ -15,7 +15,7 @@ help:  ## list the targets (this text)
 # apt waits for another apt (a second make in another shell) instead of failing at once
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
 
-sysdeps:  ## Debian packages: tarantool, etcd-server, lua-check, faketime (clock tests), chromium + chromium-driver (the console's browser tests), python venv support
+sysdeps:  ## Debian packages: tarantool, etcd-server, lua-check, faketime (clock tests), chromium + chromium-driver (the console's browser tests), npm (fetches uPlot), python venv support
 	@missing=""; \
 	command -v tarantool >/dev/null || missing="$$missing tarantool"; \
 	command -v chromium  >/dev/null || missing="$$missing chromium"; \
@@ -23,6 +23,7 @@ sysdeps:  ## Debian packages: tarantool, etcd-server, lua-check, faketime (clock
 	command -v luacheck  >/dev/null || missing="$$missing lua-check"; \
 	command -v etcd      >/dev/null || missing="$$missing etcd-server"; \
 	command -v faketime  >/dev/null || missing="$$missing faketime"; \
+	command -v npm       >/dev/null || missing="$$missing npm"; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
@@ -38,19 +39,21 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: sysdeps $(STAMP) console-assets  ## create .venv with the pinned Python packages (again when pyproject.toml or constraints.txt change), and the console's uPlot
 
-# The console's charting library: uPlot from registry.npmjs.org, one pinned version, checked against the
-# registry's sha512 integrity before it is unpacked into a git-ignored vendor dir (no node, no npm needed).
+# The console's charting library: uPlot, one pinned version, fetched by npm (`npm pack` checks the tarball
+# against the registry's integrity and names no host here), checked again against the pinned sha512
+# before it is unpacked into a git-ignored vendor dir. npm comes with sysdeps (Debian's npm where missing).
 UPLOT_VERSION   := 1.6.32
 UPLOT_INTEGRITY := sha512-KIMVnG68zvu5XXUbC4LQEPnhwOxBuLyW1AHtpm6IKTXImkbLgkMy+jabjLgSLMasNuGGzQm/ep3tOkyTxpiQIw==
 UPLOT_DIR       := service/smartcache/console/static/vendor/uplot
 UPLOT_STAMP     := $(UPLOT_DIR)/.version-$(UPLOT_VERSION)
 
-console-assets: $(UPLOT_STAMP)  ## the console's uPlot (pinned, sha512-checked) from registry.npmjs.org into service/smartcache/console/static/vendor
+console-assets: sysdeps $(UPLOT_STAMP)  ## the console's uPlot (pinned, sha512-checked) by npm pack into service/smartcache/console/static/vendor
 
 $(UPLOT_STAMP):
 	@rm -rf $(UPLOT_DIR) && mkdir -p $(UPLOT_DIR)
-	@echo "fetching uPlot $(UPLOT_VERSION) from registry.npmjs.org"
-	@curl -fsSL --retry 3 -o $(UPLOT_DIR)/uplot.tgz https://registry.npmjs.org/uplot/-/uplot-$(UPLOT_VERSION).tgz
+	@echo "fetching uPlot $(UPLOT_VERSION): npm pack uplot@$(UPLOT_VERSION)"
+	@npm pack --silent --ignore-scripts --pack-destination $(UPLOT_DIR) uplot@$(UPLOT_VERSION) >/dev/null
+	@mv $(UPLOT_DIR)/uplot-$(UPLOT_VERSION).tgz $(UPLOT_DIR)/uplot.tgz
 	@got="sha512-$$(openssl dgst -sha512 -binary $(UPLOT_DIR)/uplot.tgz | base64 -w0)"; \
 	if [ "$$got" != "$(UPLOT_INTEGRITY)" ]; then \
 		echo "uPlot $(UPLOT_VERSION): integrity $$got, expected $(UPLOT_INTEGRITY): refused"; rm -rf $(UPLOT_DIR); exit 1; fi
@@ -64,6 +67,9 @@ run: venv  ## start etcd, three Tarantool instances (one elected leader), the se
 test: venv  ## the whole test suite: Lua tap tests, then pytest
 	$(MAKE) lua-test
 	$(PY) -m pytest --durations=25
+
+test-unit: venv  ## the unit tests only (tests/unit): no processes, no network, seconds; the loop to run while editing
+	$(PY) -m pytest -q tests/unit
 
 test-faults: venv  ## fault suite, as root (see docs/development.md for how long): kill -9, SIGSTOP, partitions, disks, memtx, clock; var/faults.json
 	@missing=""; command -v nft >/dev/null || missing="$$missing nftables"; \
