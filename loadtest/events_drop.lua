@@ -24,7 +24,7 @@ box.cfg({listen = '127.0.0.1:0', memtx_dir = dir, wal_dir = dir, work_dir = dir,
 require('smartcache.schema').upgrade()
 require('smartcache.api').register(nil)
 require('smartcache.runtime').start()
-local partitions = require('smartcache.event_partitions')
+local partitions = require('smartcache.events.partitions')
 local events = require('smartcache.events')
 local DAY_MS = partitions.DAY_MS
 

@@ -32,7 +32,7 @@ local etcd = require('smartcache.etcd')
 local failover = require('smartcache.failover')
 local expiry = require('smartcache.expiry')
 local quorum = require('smartcache.quorum')
-local partitions = require('smartcache.event_partitions')
+local events = require('smartcache.events')
 local schema = require('smartcache.schema')
 -- Defines the procedures (global table sc) on every instance; registered (_func) by the writable one.
 local api = require('smartcache.api')
@@ -59,7 +59,7 @@ local function guarded_name(space_name)
     return space_name:match('^events_%d%d%d%d%d%d%d%d$') ~= nil
 end
 local function guard_all()
-    return quorum.guard_all(partitions.list())
+    return quorum.guard_all(events.partitions())
 end
 
 local function creds(uri)

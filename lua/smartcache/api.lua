@@ -17,13 +17,7 @@
 local log = require('log')
 local fiber = require('fiber')
 local sessions = require('smartcache.sessions')
-local cache = require('smartcache.cache')
-local device = require('smartcache.device')
-local prewarm = require('smartcache.prewarm')
-local atomics = require('smartcache.atomics')
-local semaphores = require('smartcache.semaphores')
-local latches = require('smartcache.latches')
-local queues = require('smartcache.queues')
+local coordination = require('smartcache.coordination')
 local events = require('smartcache.events')
 local stats = require('smartcache.stats')
 local digest = require('smartcache.digest')
@@ -35,8 +29,7 @@ local quorum = require('smartcache.quorum')
 local memory = require('smartcache.memory')
 local disk = require('smartcache.disk')
 local compat = require('smartcache.compat')
-local buckets = require('smartcache.buckets')
-local moves = require('smartcache.moves')
+local sharding = require('smartcache.sharding')
 
 local M = {}
 
@@ -65,23 +58,23 @@ local writes = {
     session_update = sessions.update,
     session_delete = sessions.delete,
     session_rotate = sessions.rotate,
-    cache_put = cache.put,
-    cache_delete = cache.delete,
-    device_bind = device.bind,
-    prewarm_acquire = prewarm.acquire,
-    prewarm_complete = prewarm.complete,
-    prewarm_fail = prewarm.fail,
-    counter_add = atomics.counter_add,
-    counter_cas = atomics.counter_cas,
-    register_cas = atomics.register_cas,
-    sequence_reserve = atomics.sequence_reserve,
-    semaphore_release = semaphores.release,
-    semaphore_renew = semaphores.renew,
-    latch_create = latches.create,
-    latch_count_down = latches.count_down,
-    queue_put = queues.put,
-    queue_ack = queues.ack,
-    queue_release = queues.release,
+    cache_put = sessions.cache_put,
+    cache_delete = sessions.cache_delete,
+    device_bind = sessions.device_bind,
+    prewarm_acquire = sessions.prewarm_acquire,
+    prewarm_complete = sessions.prewarm_complete,
+    prewarm_fail = sessions.prewarm_fail,
+    counter_add = coordination.counter_add,
+    counter_cas = coordination.counter_cas,
+    register_cas = coordination.register_cas,
+    sequence_reserve = coordination.sequence_reserve,
+    semaphore_release = coordination.semaphore_release,
+    semaphore_renew = coordination.semaphore_renew,
+    latch_create = coordination.latch_create,
+    latch_count_down = coordination.latch_count_down,
+    queue_put = coordination.queue_put,
+    queue_ack = coordination.queue_ack,
+    queue_release = coordination.queue_release,
     event_publish = events.publish,
 }
 
@@ -92,16 +85,16 @@ local reads = {
     session_get = sessions.get,
     session_locate = sessions.locate,  -- where a version 4 id lives (sharding); unrouted: asked of every shard
     session_list = sessions.list,
-    cache_get = cache.get,
-    device_lookup = device.lookup,
-    prewarm_wait = prewarm.wait,
+    cache_get = sessions.cache_get,
+    device_lookup = sessions.device_lookup,
+    prewarm_wait = sessions.prewarm_wait,
     stats = stats.stats,
-    counter_get = atomics.counter_get,
-    register_get = atomics.register_get,
-    sequence_get = atomics.sequence_get,
-    semaphore_get = semaphores.get,
-    latch_get = latches.get,
-    queue_stats = queues.stats,
+    counter_get = coordination.counter_get,
+    register_get = coordination.register_get,
+    sequence_get = coordination.sequence_get,
+    semaphore_get = coordination.semaphore_get,
+    latch_get = coordination.latch_get,
+    queue_stats = coordination.queue_stats,
     events_stats = events.stats,
     digest = digest.digest,  -- operators: this instance's data, space by space (compare a follower with the leader)
     -- Failover (smartcache.failover): what the service polls, and the operator's actions.
@@ -114,20 +107,20 @@ local reads = {
     topology_add = failover.topology_add,
     topology_remove = failover.topology_remove,
     -- Sharding: a shard takes its buckets (the operator, at cluster init --shards).
-    buckets_init = buckets.init,
-    -- Moves of buckets between shards (smartcache.moves): each a checked transition of one bucket,
+    buckets_init = sharding.buckets_init,
+    -- Moves of buckets between shards (smartcache.sharding.moves): each a checked transition of one bucket,
     -- driven by the operator's command and by every service instance's settler.
-    buckets_held = moves.held,
-    bucket_state = moves.state,
-    bucket_rows = moves.rows,
-    bucket_send_start = moves.send_start,
-    bucket_send_abort = moves.send_abort,
-    bucket_send_done = moves.send_done,
-    bucket_gc = moves.gc,
-    bucket_recv_start = moves.recv_start,
-    bucket_recv = moves.recv,
-    bucket_recv_done = moves.recv_done,
-    bucket_recv_abort = moves.recv_abort,
+    buckets_held = sharding.buckets_held,
+    bucket_state = sharding.bucket_state,
+    bucket_rows = sharding.bucket_rows,
+    bucket_send_start = sharding.bucket_send_start,
+    bucket_send_abort = sharding.bucket_send_abort,
+    bucket_send_done = sharding.bucket_send_done,
+    bucket_gc = sharding.bucket_gc,
+    bucket_recv_start = sharding.bucket_recv_start,
+    bucket_recv = sharding.bucket_recv,
+    bucket_recv_done = sharding.bucket_recv_done,
+    bucket_recv_abort = sharding.bucket_recv_abort,
 }
 
 -- Procedures that may wait (on a fiber.cond, outside any transaction) before
@@ -138,9 +131,9 @@ local reads = {
 -- abort it; each says what a repeat does (the holder of an acquire, the key
 -- of a take).
 local waits = {
-    semaphore_acquire = semaphores.acquire,
-    latch_await = latches.await,
-    queue_take = queues.take,
+    semaphore_acquire = coordination.semaphore_acquire,
+    latch_await = coordination.latch_await,
+    queue_take = coordination.queue_take,
     -- Writes in several transactions (batches), each checking util.writable(); the key is stored with the last.
     session_delete_client = sessions.delete_client,
     events_read = events.read,  -- a read that waits for the next commit; NOT_LEADER off the writable instance
@@ -213,7 +206,7 @@ local function misrouted(name, ...)
     if kind == nil then
         return nil
     end
-    return buckets.refusal(kind, value)
+    return sharding.refusal(kind, value)
 end
 
 local DEADLINE_EXCEEDED = {status = 'DEADLINE_EXCEEDED'}

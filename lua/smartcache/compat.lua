@@ -64,9 +64,10 @@ M.WORKAROUNDS = {
             .. 'its timeout rolls back, in the leader\'s memory only, every transaction behind it: every '
             .. 'write of the leader is made synchronous (cache and prewarm too, DDL of our fibers by join)',
         issue = nil, fixed_in = nil,
-        where = 'quorum.lua (GUARDED, join), event_partitions.lua, failover/box_adapter.lua (probe, disk_check), '
-            .. 'cache.lua (a delete of a missing key is a WAL row no trigger sees: read first); '
-            .. 'service/smartcache/server/storage/instances.py maybe_applied (ER_WAL_IO of an HA leader: outcome unknown)',
+        where = 'quorum.lua (GUARDED, join), events/partitions.lua, failover/box_adapter.lua (probe, disk_check), '
+            .. 'sessions/cache.lua (a delete of a missing key is a WAL row no trigger sees: read first); '
+            .. 'service/smartcache/server/storage/instances.py maybe_applied '
+            .. '(ER_WAL_IO of an HA leader: outcome unknown)',
         test = 'tests/integration/test_limbo.py; tests/lua/quorum_test.lua (a write that finds nothing writes '
             .. 'no WAL row); the fault suite (load-fuzz-mix)',
     },
@@ -121,7 +122,7 @@ M.WORKAROUNDS = {
             .. 'reads and keyed writes wait for their key, event readers stop before the oldest unsettled event',
         issue = nil, fixed_in = nil,  -- memtx_use_mvcc_engine (2.6.1) with read-confirmed (2.10); not configured
         where = 'quorum.lua (pending keys, wait_key), api.lua (KEYED_READS, KEYED_WRITES, WRITE_PENDING), '
-            .. 'events.lua (visible)',
+            .. 'events/log.lua (visible)',
         test = 'tests/integration/test_storage_answers.py (no dirty read), test_coordination_failover.py',
     },
     {
@@ -160,7 +161,7 @@ M.WORKAROUNDS = {
         why = 'each run of a Lua transaction trigger costs a coroutine (0.6 us, 500 bytes of garbage): '
             .. 'util.atomic reports the end of its transactions to the event log itself',
         issue = nil, fixed_in = nil,
-        where = 'util.lua (atomic), events.lua (track)',
+        where = 'util.lua (atomic), events/log.lua (track)',
         test = 'none that fails: the session bench (a write with its event cost twice the CPU)',
     },
     {

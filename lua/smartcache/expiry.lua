@@ -17,7 +17,7 @@ local util = require('smartcache.util')
 local config = require('smartcache.config')
 local schema = require('smartcache.schema')
 local sessions = require('smartcache.sessions')
-local buckets = require('smartcache.buckets')
+local sharding = require('smartcache.sharding')
 
 local M = {}
 
@@ -101,7 +101,7 @@ function M.sweep_once(name)
         if t[spec.deadline] > now or #due >= config.sweep_batch or skipped >= M.SKIP_MAX then
             break
         end
-        if buckets.serves_row(name, t) then
+        if sharding.serves_row(name, t) then
             table.insert(due, t)
         else
             skipped = skipped + 1  -- a moving bucket's row: left as the copy reads it (the new shard expires it)

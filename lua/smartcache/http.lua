@@ -19,7 +19,7 @@ local runtime = require('smartcache.runtime')
 local failover = require('smartcache.failover')
 local config = require('smartcache.config')
 local disk = require('smartcache.disk')
-local buckets = require('smartcache.buckets')
+local sharding = require('smartcache.sharding')
 
 local M = {}
 
@@ -66,11 +66,11 @@ end
 -- hold, rows from before sharding) and the other shard of the move (peer), when there is one.
 -- Such a row may be partial or stale: the operator view must not pass it for the session.
 local function not_served(t)
-    local count = buckets.count()
+    local count = sharding.count()
     if count == nil then
         return nil
     end
-    local b = t[F.bucket] or buckets.of_row('sessions', t, count)
+    local b = t[F.bucket] or sharding.of_row('sessions', t, count)
     local row = box.space.sc_buckets:get(b)
     if row ~= nil and row[2] == 'active' then
         return nil
@@ -247,7 +247,7 @@ local function route(path)
         end
         -- copies: only in a sharded cluster (not sharded, the answer is what it always was)
         return 200, 'application/json', to_json({client_id = client, sessions = list,
-            copies = buckets.count() ~= nil and copies or nil})
+            copies = sharding.count() ~= nil and copies or nil})
     end
     return 404, 'application/json', json.encode({error = 'NOT_FOUND', message = 'no such route'})
 end

@@ -56,7 +56,7 @@ if compat.ASYNC_BEHIND_SYNC_ROLLS_BACK then
     table.insert(M.GUARDED, 'cache')
     table.insert(M.GUARDED, 'prewarm')
 end
--- Besides these, every events partition (smartcache.event_partitions guards its own).
+-- Besides these, every events partition (smartcache.events.partitions guards its own).
 
 M.enabled = false
 local guarded_ids = {}

@@ -3,13 +3,11 @@
 local fiber = require('fiber')
 local log = require('log')
 local config = require('smartcache.config')
-local prewarm = require('smartcache.prewarm')
+local sessions = require('smartcache.sessions')
 local expiry = require('smartcache.expiry')
 local schema = require('smartcache.schema')
-local buckets = require('smartcache.buckets')
-local semaphores = require('smartcache.semaphores')
-local latches = require('smartcache.latches')
-local queues = require('smartcache.queues')
+local sharding = require('smartcache.sharding')
+local coordination = require('smartcache.coordination')
 local events = require('smartcache.events')
 local memory = require('smartcache.memory')
 local disk = require('smartcache.disk')
@@ -57,23 +55,19 @@ end
 
 -- The triggers of the prewarm and coordination spaces, and every run-time fiber.
 function M.start()
-    when_space('prewarm', 'prewarm trigger', prewarm.install_trigger)
+    when_space('prewarm', 'prewarm trigger', sessions.install_prewarm_trigger)
     expiry.start()
-    when_space('queue_tasks', 'coordination triggers', function()
-        semaphores.install()
-        latches.install()
-        queues.install()
-    end)
-    if not buckets.install() then  -- a replica whose schema is older: once version 7 reaches it
+    when_space('queue_tasks', 'coordination triggers', coordination.install)
+    if not sharding.install() then  -- a replica whose schema is older: once version 7 reaches it
         fiber.create(function()
             fiber.name('wait_schema_buckets')
-            while not buckets.install() do
+            while not sharding.install() do
                 fiber.sleep(SCHEMA_WAIT_S)
             end
             log.info('bucket triggers installed after the schema arrived')
         end)
     end
-    queues.start()  -- the queue timeout fiber
+    coordination.start()  -- the queue timeout fiber
     events.start()  -- event partitions (today's at once when writable), their fiber
     if M.wal_fiber == nil then
         M.wal_fiber = fiber.create(watch_wal)

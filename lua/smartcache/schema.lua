@@ -16,7 +16,7 @@ M.FORMAT = {
         {name = 'key', type = 'string'},
         {name = 'value', type = 'any'},
     },
-    -- Version 6: the buckets this shard holds, in a sharded cluster (smartcache.buckets;
+    -- Version 6: the buckets this shard holds, in a sharded cluster (smartcache.sharding.buckets;
     -- empty: not sharded, every key is here). status: active | sending | sent |
     -- receiving | garbage (the moves of docs/design/sharding.md); generation is raised
     -- when a move starts; peer: the other shard of a move (where a sent bucket went).
@@ -26,7 +26,7 @@ M.FORMAT = {
         {name = 'generation', type = 'unsigned'},
         {name = 'peer', type = 'string', is_nullable = true},
         -- Version 8: when the bucket entered its status, or a move last made progress (ms since
-        -- epoch): the settler gives up a move that has made none for a while (smartcache.moves).
+        -- epoch): the settler gives up a move that has made none for a while (smartcache.sharding.moves).
         {name = 'since', type = 'unsigned', is_nullable = true},
     },
     sessions = {
@@ -42,7 +42,7 @@ M.FORMAT = {
         -- front server named at create ("where you are logged in"). Absent in older tuples.
         {name = 'created_at', type = 'unsigned', is_nullable = true},
         {name = 'device', type = 'string', is_nullable = true},
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     cache = {
         {name = 'session_id', type = 'string'},    -- '' = global namespace
@@ -52,13 +52,13 @@ M.FORMAT = {
         {name = 'ttl_ms', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},
         {name = 'data', type = 'any', is_nullable = true},
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     device = {
         {name = 'device_id', type = 'string'},
         {name = 'client_id', type = 'string'},
         {name = 'updated_at', type = 'unsigned'},
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     prewarm = {
         {name = 'client_id', type = 'string'},
@@ -71,7 +71,7 @@ M.FORMAT = {
         {name = 'lease_until', type = 'unsigned'}, -- ms; an expired lease counts as free
         {name = 'expires_at', type = 'unsigned'},  -- record retention deadline
         {name = 'data', type = 'any', is_nullable = true},
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     -- A write done under an idempotency key, with its result (smartcache.idempotency).
     idempotency = {
@@ -88,7 +88,7 @@ M.FORMAT = {
         {name = 'rev', type = 'unsigned'},         -- 1 at create, +1 per change
         {name = 'updated_at', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},  -- creation + ttl (a fixed window), or NEVER
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     registers = {
         {name = 'name', type = 'string'},
@@ -96,13 +96,13 @@ M.FORMAT = {
         {name = 'updated_at', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},  -- last write + its ttl, or NEVER
         {name = 'value', type = 'any'},
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     sequences = {
         {name = 'name', type = 'string'},
         {name = 'next', type = 'unsigned'},        -- first id not handed out yet
         {name = 'updated_at', type = 'unsigned'},
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     semaphore_holders = {
         {name = 'name', type = 'string'},          -- the semaphore (or lock)
@@ -111,7 +111,7 @@ M.FORMAT = {
         {name = 'permits', type = 'unsigned'},     -- the semaphore's size, as this holder gave it
         {name = 'acquired_at', type = 'unsigned'},
         {name = 'lease_until', type = 'unsigned'}, -- the permit is free from then on
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     latches = {
         {name = 'name', type = 'string'},
@@ -119,7 +119,7 @@ M.FORMAT = {
         {name = 'initial', type = 'unsigned'},
         {name = 'created_at', type = 'unsigned'},
         {name = 'expires_at', type = 'unsigned'},
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
     queue_tasks = {
         {name = 'id', type = 'unsigned'},          -- sequence sc_task_id, across queues
@@ -133,11 +133,11 @@ M.FORMAT = {
         {name = 'ttr_ms', type = 'unsigned'},      -- time-to-run of the last take
         {name = 'taken_key', type = 'string'},     -- idempotency key of the current take, or ''
         {name = 'payload', type = 'any', is_nullable = true},
-        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.buckets)
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
     },
 }
 
--- The spaces whose rows live in a bucket (a sharded cluster's; smartcache.buckets
+-- The spaces whose rows live in a bucket (a sharded cluster's; smartcache.sharding.buckets
 -- says by which key). Each row records its bucket (the last field, version 7),
 -- indexed, for the moves of buckets between shards. The others are the shard's
 -- own: sc_meta, sc_buckets, idempotency (its keys live in the shard of their
@@ -232,7 +232,7 @@ migrations[6] = function()
 end
 
 -- Version 7: every row of a sharded space records its bucket (nullable: rows of
--- a cluster that is not sharded have none), with an index (smartcache.buckets).
+-- a cluster that is not sharded have none), with an index (smartcache.sharding.buckets).
 migrations[7] = function()
     for _, name in ipairs(M.SHARDED) do
         box.space[name]:format(M.FORMAT[name])
@@ -241,7 +241,7 @@ migrations[7] = function()
     end
 end
 
--- Version 8: a bucket's row records since when it is in its status (smartcache.moves).
+-- Version 8: a bucket's row records since when it is in its status (smartcache.sharding.moves).
 migrations[8] = function()
     box.space.sc_buckets:format(M.FORMAT.sc_buckets)
 end

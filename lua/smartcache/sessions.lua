@@ -18,10 +18,16 @@
 --   reads.lua    get, touch (the sliding deadline), locate, list
 --   update.lua   update (compare-and-set, attribute merges), rotate
 --   ends.lua     delete, delete_client (log out everywhere), drop (expiry's too)
+--   cache.lua    a session's cache entries (and a global namespace), lossy under memory pressure
+--   device.lua   device bindings: a device id -> the client it belongs to
+--   prewarm.lua  client data fetched before login: one fetcher (a lease), the others wait
 local create = require('smartcache.sessions.create')
 local reads = require('smartcache.sessions.reads')
 local update = require('smartcache.sessions.update')
 local ends = require('smartcache.sessions.ends')
+local cache = require('smartcache.sessions.cache')
+local device = require('smartcache.sessions.device')
+local prewarm = require('smartcache.sessions.prewarm')
 
 local M = {}
 
@@ -35,6 +41,15 @@ M.update = update.update
 M.rotate = update.rotate
 M.delete = ends.delete
 M.delete_client = ends.delete_client
+M.cache_put = cache.put
+M.cache_get = cache.get
+M.cache_delete = cache.delete
+M.device_bind = device.bind
+M.device_lookup = device.lookup
+M.prewarm_acquire = prewarm.acquire
+M.prewarm_complete = prewarm.complete
+M.prewarm_fail = prewarm.fail
+M.prewarm_wait = prewarm.wait
 
 -- The live session tuple of an id, or nil (its deadline past: gone, swept or not).
 M.live = reads.live
@@ -42,6 +57,9 @@ M.live = reads.live
 -- create calls with each new deadline (the sweeper may sleep past it).
 M.drop = ends.drop
 M.set_on_deadline = create.set_on_deadline
+-- The prewarm space's trigger that wakes its waiters on a change, local or replicated
+-- (smartcache.runtime, once the space exists).
+M.install_prewarm_trigger = prewarm.install_trigger
 
 -- Refreshes written so far (reads and touches that moved a deadline): sc.stats.
 function M.refreshes()

@@ -6,29 +6,13 @@ local quorum = require('smartcache.quorum')
 local compat = require('smartcache.compat')
 local disk = require('smartcache.disk')
 local failover = require('smartcache.failover')
-local semaphores = require('smartcache.semaphores')
-local latches = require('smartcache.latches')
-local queues = require('smartcache.queues')
+local coordination = require('smartcache.coordination')
 local sessions = require('smartcache.sessions')
 
 local M = {}
 
 M.SPACES = {'sessions', 'cache', 'device', 'prewarm', 'counters', 'registers', 'sequences', 'semaphore_holders',
             'latches', 'queue_tasks'}
-
--- The coordination primitives (smartcache.coordination): waiters right now on
--- this instance, and what ran out.
-local function coordination()
-    return {
-        semaphore_waiters = semaphores.waiters:total(),
-        latch_waiters = latches.waiters:total(),
-        queue_waiters = queues.waiters:total(),
-        leases_expired = semaphores.expired,
-        tasks_ttr_returned = queues.counters.ttr_returned,
-        tasks_expired = queues.counters.expired,
-        tasks_delay_ended = queues.counters.delay_ended,
-    }
-end
 
 function M.stats()
     local spaces = {}
@@ -47,7 +31,7 @@ function M.stats()
         instance_uuid = box.info.uuid,
         replication = failover.replication(),
         now_ms = util.now_ms(),
-        coordination = coordination(),
+        coordination = coordination.stats(),  -- waiters now, what ran out
         -- deadlines moved by reads and touches (a write each; smartcache.sessions refresh_after_ms)
         session_refreshes = sessions.refreshes(),
         synchronous = quorum.stats(),

@@ -51,7 +51,7 @@ require('smartcache.api').register('svc', 'secret')
 local quorum = require('smartcache.quorum')
 quorum.enable(true)
 quorum.watch_new_spaces(function(name) return name:match('^events_') ~= nil end)
-quorum.guard_all(require('smartcache.event_partitions').list())
+quorum.guard_all(require('smartcache.events').partitions())
 
 local rid
 for _ = 1, 400 do

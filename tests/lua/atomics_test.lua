@@ -1,5 +1,5 @@
 #!/usr/bin/env tarantool
--- Counters, registers and sequences (smartcache.atomics).
+-- Counters, registers and sequences (smartcache.coordination.atomics).
 local tap = require('tap')
 local fiber = require('fiber')
 local msgpack = require('msgpack')

@@ -1,5 +1,5 @@
 #!/usr/bin/env tarantool
--- Buckets (smartcache.buckets) against proto/vectors/buckets.json, which the
+-- Buckets (smartcache.sharding.buckets) against proto/vectors/buckets.json, which the
 -- service's side is tested against too (tests/unit/test_buckets.py).
 -- Runnable alone: `tarantool tests/lua/buckets_test.lua`.
 local tap = require('tap')
@@ -10,7 +10,7 @@ local uuid = require('uuid')
 local here = fio.dirname(fio.abspath(debug.getinfo(1, 'S').source:sub(2)))
 package.path = fio.pathjoin(here, '..', '..', 'lua') .. '/?.lua;' .. package.path  -- tests/lua -> lua/
 
-local buckets = require('smartcache.buckets')
+local buckets = require('smartcache.sharding.buckets')
 
 local fh = fio.open(fio.pathjoin(fio.dirname(fio.dirname(here)), 'proto', 'vectors', 'buckets.json'))
 local vectors = json.decode(fh:read())

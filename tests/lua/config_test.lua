@@ -78,9 +78,9 @@ end)
 
 test:test('the modules read their settings from it', function(t)
     t:plan(4)
-    t:is(require('smartcache.events').enabled, config.events_enabled, 'events.enabled')
+    t:is(require('smartcache.events.log').enabled, config.events_enabled, 'events.enabled')
     t:is(require('smartcache.memory').lossy_share, config.cache_memory_share, 'memory.lossy_share')
-    t:is(require('smartcache.event_partitions').retention_days, config.events_retention_days, 'retention_days')
+    t:is(require('smartcache.events.partitions').retention_days, config.events_retention_days, 'retention_days')
     t:is(require('smartcache.disk').min_free_setting, config.wal_min_free_mb, 'disk.min_free_setting')
 end)
 

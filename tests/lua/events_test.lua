@@ -1,5 +1,5 @@
 #!/usr/bin/env tarantool
--- The event log (smartcache.events, smartcache.event_partitions): same-transaction
+-- The event log (smartcache.events, smartcache.events.partitions): same-transaction
 -- events, the gap-free sequence, committed-only reads, day partitions with an
 -- injected clock, retention, the cond wake-up.
 local tap = require('tap')
@@ -7,8 +7,8 @@ local fiber = require('fiber')
 local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'helper.lua')
 helper.start()
 local util = require('smartcache.util')
-local events = require('smartcache.events')
-local partitions = require('smartcache.event_partitions')
+local events = require('smartcache.events.log')
+local partitions = require('smartcache.events.partitions')
 local expiry = require('smartcache.expiry')
 
 local test = tap.test('events')

@@ -10,7 +10,7 @@ local json = require('json')
 local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'helper.lua')
 helper.start()
 local http = require('smartcache.http')
-local buckets = require('smartcache.buckets')
+local buckets = require('smartcache.sharding.buckets')
 local client = require('http.client').new()
 local F = require('smartcache.schema').F.sessions
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env tarantool
--- Count-down latches (smartcache.latches), including a wake-up by a replicated change.
+-- Count-down latches (smartcache.coordination.latches), including a wake-up by a replicated change.
 local tap = require('tap')
 local fiber = require('fiber')
 local fio = require('fio')
@@ -12,7 +12,7 @@ local LUA_ROOT = fio.pathjoin(fio.dirname(fio.abspath(debug.getinfo(1, 'S').sour
 helper.start()
 local util = require('smartcache.util')
 local expiry = require('smartcache.expiry')
-local latches = require('smartcache.latches')
+local latches = require('smartcache.coordination.latches')
 
 local test = tap.test('latches')
 test:plan(7)
@@ -122,7 +122,7 @@ while box.space.latches == nil or box.space.latches:get('l-repl') == nil do
 end
 require('smartcache.api')
 require('smartcache.runtime').start()
-local latches = require('smartcache.latches')
+local latches = require('smartcache.coordination.latches')
 local fiber = require('fiber')
 local ch = fiber.channel(1)
 fiber.create(function()

@@ -1,5 +1,5 @@
 #!/usr/bin/env tarantool
--- Moves of buckets (smartcache.moves): every transition, its repeat, the
+-- Moves of buckets (smartcache.sharding.moves): every transition, its repeat, the
 -- transitions from a wrong state or generation (which change nothing), the fence
 -- on writes of a bucket that is not active, and the cases of vshard's issues.
 -- One instance plays the source of one bucket and the destination of another.
@@ -8,8 +8,8 @@ local tap = require('tap')
 local fiber = require('fiber')
 local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'helper.lua')
 helper.start()
-local buckets = require('smartcache.buckets')
-local moves = require('smartcache.moves')
+local buckets = require('smartcache.sharding.buckets')
+local moves = require('smartcache.sharding.moves')
 local schema = require('smartcache.schema')
 
 local COUNT = 16

@@ -1,12 +1,12 @@
 #!/usr/bin/env tarantool
--- Task queues (smartcache.queues).
+-- Task queues (smartcache.coordination.queues).
 local tap = require('tap')
 local fiber = require('fiber')
 local clock = require('clock')
 local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'helper.lua')
 helper.start()
 local util = require('smartcache.util')
-local queues = require('smartcache.queues')
+local queues = require('smartcache.coordination.queues')
 local F = require('smartcache.schema').F.queue_tasks
 
 local TTR = 60000

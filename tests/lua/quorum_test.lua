@@ -185,7 +185,7 @@ end)
 test:test('our DDL is synchronous while synchronous writes are in flight, else not', function(t)
     t:plan(6)
     local fiber = require('fiber')
-    local partitions = require('smartcache.event_partitions')
+    local partitions = require('smartcache.events.partitions')
     local joined  -- did join() make the transaction synchronous (touch sc_quorum)?
     local function create(day)
         return pcall(box.atomic, function()

@@ -1,5 +1,5 @@
 #!/usr/bin/env tarantool
--- Semaphores and locks with leases (smartcache.semaphores).
+-- Semaphores and locks with leases (smartcache.coordination.semaphores).
 local tap = require('tap')
 local fiber = require('fiber')
 local clock = require('clock')
@@ -7,7 +7,7 @@ local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'hel
 helper.start()
 local util = require('smartcache.util')
 local expiry = require('smartcache.expiry')
-local semaphores = require('smartcache.semaphores')
+local semaphores = require('smartcache.coordination.semaphores')
 
 local LEASE = 60000
 

@@ -7,7 +7,7 @@ local tap = require('tap')
 local helper = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'helper.lua')
 helper.start()
 local api = require('smartcache.api')
-local buckets = require('smartcache.buckets')
+local buckets = require('smartcache.sharding.buckets')
 
 local test = tap.test('sharding')
 test:plan(10)

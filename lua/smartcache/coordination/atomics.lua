@@ -16,7 +16,7 @@
 --   restarts and leader failover; a range lost with its client leaves a gap.
 local util = require('smartcache.util')
 local config = require('smartcache.config')
-local coord = require('smartcache.coordination')
+local coord = require('smartcache.coordination.common')
 local schema = require('smartcache.schema')
 local FC, FR, FS = schema.F.counters, schema.F.registers, schema.F.sequences
 

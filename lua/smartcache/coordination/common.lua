@@ -1,20 +1,5 @@
--- Coordination primitives (issue 17): what a cluster of front servers needs
--- beside its sessions, as Apache Ignite builds them on its cache, here as
--- stored procedures that each run in one transaction:
---
---   smartcache.atomics     counters (add with bounds and TTL, compare-and-set),
---                          registers (msgpack value, compare-and-set by revision
---                          or value), sequences (id ranges)
---   smartcache.semaphores  semaphores and locks with leases and fencing tokens;
---                          acquire waits in FIFO order on a fiber.cond
---   smartcache.latches     count-down latches; await is woken by the change,
---                          local or replicated
---   smartcache.queues      task queues: ready/taken/delayed, time-to-run, one
---                          fiber for every timeout (after tarantool/queue's fifottl)
---
--- This module holds what they share: limits, argument checks, the wait budget
--- of a waiting procedure. smartcache.runtime starts their triggers and fiber,
--- smartcache.stats reports their counters.
+-- What the coordination primitives (smartcache.coordination) share: limits,
+-- argument checks, deadlines, the wait budget of a waiting procedure.
 local clock = require('clock')
 local config = require('smartcache.config')
 local util = require('smartcache.util')

@@ -10,9 +10,9 @@
 -- open; when it expires, its awaiters get NOT_FOUND.
 local util = require('smartcache.util')
 local config = require('smartcache.config')
-local coord = require('smartcache.coordination')
-local waitlist = require('smartcache.waitlist')
-local buckets = require('smartcache.buckets')
+local coord = require('smartcache.coordination.common')
+local waitlist = require('smartcache.coordination.waitlist')
+local sharding = require('smartcache.sharding')
 local clock = require('clock')
 local F = require('smartcache.schema').F.latches
 
@@ -68,7 +68,7 @@ end
 
 local function wait_open(w, name, stop)
     while true do
-        local moving = w.list ~= nil and buckets.refusal('key', name)  -- its bucket began to move: not here now
+        local moving = w.list ~= nil and sharding.refusal('key', name)  -- its bucket began to move: not here now
         if moving then
             return moving
         end

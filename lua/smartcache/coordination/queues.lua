@@ -34,10 +34,10 @@ local clock = require('clock')
 local log = require('log')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
-local coord = require('smartcache.coordination')
+local coord = require('smartcache.coordination.common')
 local idempotency = require('smartcache.idempotency')
-local waitlist = require('smartcache.waitlist')
-local buckets = require('smartcache.buckets')
+local waitlist = require('smartcache.coordination.waitlist')
+local sharding = require('smartcache.sharding')
 local F = require('smartcache.schema').F.queue_tasks
 
 local M = {}
@@ -127,7 +127,7 @@ local function wait_task(w, name, ttr_ms, key, stop)
         if not util.writable() then
             return coord.NOT_LEADER
         end
-        local moving = buckets.refusal('key', name)  -- its bucket began to move
+        local moving = sharding.refusal('key', name)  -- its bucket began to move
         if moving then
             return moving
         end
@@ -282,7 +282,7 @@ function M.process_once(now)
                 next_at = math.min(next_at or t[F.next_event], t[F.next_event])
                 break
             end
-            if buckets.serves_row('queue_tasks', t) then
+            if sharding.serves_row('queue_tasks', t) then
                 table.insert(batch, t)
             else
                 skipped = skipped + 1  -- a moving bucket's task: the new shard's to move on

@@ -31,9 +31,9 @@
 local clock = require('clock')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
-local coord = require('smartcache.coordination')
-local waitlist = require('smartcache.waitlist')
-local buckets = require('smartcache.buckets')
+local coord = require('smartcache.coordination.common')
+local waitlist = require('smartcache.coordination.waitlist')
+local sharding = require('smartcache.sharding')
 local idempotency = require('smartcache.idempotency')
 local F = require('smartcache.schema').F.semaphore_holders
 
@@ -153,7 +153,7 @@ local function wait_turn(w, name, permits, holder, lease_ms, stop)
         if got == nil and not util.writable() then
             return coord.NOT_LEADER
         end
-        local moving = got == nil and buckets.refusal('key', name)  -- its bucket began to move
+        local moving = got == nil and sharding.refusal('key', name)  -- its bucket began to move
         if moving then
             return moving
         end

@@ -12,6 +12,7 @@
 --   list:head(key), list:wake(w)    -- the first waiter; wake one
 --   list:leave(w)                   -- when done, always; wakes the next head
 local fiber = require('fiber')
+local sharding = require('smartcache.sharding')
 
 local M = {}
 
@@ -38,6 +39,7 @@ function M.wake_keys(match)
         end
     end
 end
+sharding.on_moving(M.wake_keys)
 
 function List:join(key)
     local l = self.lists[key]

@@ -24,7 +24,7 @@
 --   * Push, not polling. A reader with nothing to read waits on a fiber.cond
 --     broadcast by the commit of a new event (PostgreSQL's LISTEN/NOTIFY,
 --     inside the database), up to wait_ms.
---   * Day partitions (smartcache.event_partitions): one space per UTC day,
+--   * Day partitions (smartcache.events.partitions): one space per UTC day,
 --     dropped whole after SC_EVENTS_RETENTION_DAYS. A cursor older than what
 --     is kept gets CURSOR_TOO_OLD with the oldest sequence still there, never
 --     a silent gap.
@@ -37,7 +37,7 @@ local fiber = require('fiber')
 local msgpack = require('msgpack')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
-local partitions = require('smartcache.event_partitions')
+local partitions = require('smartcache.events.partitions')
 
 local M = {}
 

@@ -3,7 +3,7 @@
 -- absent.
 local util = require('smartcache.util')
 local config = require('smartcache.config')
-local sessions = require('smartcache.sessions')
+local reads = require('smartcache.sessions.reads')
 local memory = require('smartcache.memory')
 local F = require('smartcache.schema').F.cache
 
@@ -16,7 +16,7 @@ local function check_scope(session_id, key, now)
     if err ~= nil then
         return util.bad_request(err)
     end
-    if session_id ~= GLOBAL and sessions.live(session_id, now) == nil then
+    if session_id ~= GLOBAL and reads.live(session_id, now) == nil then
         return util.result('NOT_FOUND', {message = 'session is not live'})
     end
     return nil

@@ -5,7 +5,7 @@
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local events = require('smartcache.events')
-local buckets = require('smartcache.buckets')
+local sharding = require('smartcache.sharding')
 local ends = require('smartcache.sessions.ends')
 local F = require('smartcache.schema').F.sessions
 
@@ -59,13 +59,13 @@ local function check_limit(max_sessions, policy)
 end
 
 -- A new session id of a client: version 4 (random), or in a sharded cluster
--- version 8 carrying the client's bucket (smartcache.buckets), so that every
+-- version 8 carrying the client's bucket (smartcache.sharding), so that every
 -- later call on it routes with no lookup.
 local function new_id(client_id)
     local id = util.uuid()
-    local count = buckets.count()
+    local count = sharding.count()
     if count ~= nil then
-        return buckets.session_id(id, buckets.of(client_id, count))
+        return sharding.session_id(id, sharding.of(client_id, count))
     end
     return id
 end
@@ -73,11 +73,11 @@ M.new_id = new_id  -- a rotation's new id too (smartcache.sessions.update)
 
 -- An id the caller chose must carry its client's bucket, if it carries one.
 local function id_of_another_bucket(id, client_id)
-    local count = buckets.count()
-    local carried = count ~= nil and buckets.of_session(id) or nil
-    if carried ~= nil and carried ~= buckets.of(client_id, count) then
+    local count = sharding.count()
+    local carried = count ~= nil and sharding.of_session(id) or nil
+    if carried ~= nil and carried ~= sharding.of(client_id, count) then
         return string.format('session id carries bucket %d, client_id\'s bucket is %d', carried,
-            buckets.of(client_id, count))
+            sharding.of(client_id, count))
     end
     return nil
 end

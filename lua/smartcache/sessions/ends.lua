@@ -5,7 +5,7 @@ local util = require('smartcache.util')
 local config = require('smartcache.config')
 local events = require('smartcache.events')
 local idempotency = require('smartcache.idempotency')
-local buckets = require('smartcache.buckets')
+local sharding = require('smartcache.sharding')
 local reads = require('smartcache.sessions.reads')
 local F = require('smartcache.schema').F.sessions
 
@@ -83,7 +83,7 @@ function M.delete_client(deadline_ms, key, client_id, except)
         end
         -- Each batch is its own transaction and the batches yield between them: a move of the client's
         -- bucket may begin meanwhile. Then the rest is the new shard's to delete (asked again there).
-        if deleted > 0 and buckets.refusal('key', client_id) ~= nil then
+        if deleted > 0 and sharding.refusal('key', client_id) ~= nil then
             return util.result('OK', {deleted = deleted, cache_deleted = cache_deleted, more = true})
         end
         local now = util.now_ms()

@@ -14,7 +14,7 @@ local fiber = require('fiber')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local events = require('smartcache.events')
-local buckets = require('smartcache.buckets')
+local sharding = require('smartcache.sharding')
 local memory = require('smartcache.memory')
 local F = require('smartcache.schema').F.prewarm
 
@@ -123,7 +123,7 @@ function M.wait(client_id, data_type, timeout_ms)
     local key = wait_key(client_id, data_type)
     local waited = false
     while true do
-        local moving = waited and buckets.refusal('key', client_id)  -- its bucket began to move
+        local moving = waited and sharding.refusal('key', client_id)  -- its bucket began to move
         if moving then
             return moving
         end
@@ -163,6 +163,7 @@ function M.wake_clients(match)
         end
     end
 end
+sharding.on_moving(M.wake_clients)
 
 -- on_replace trigger: wake waiters of a record that changed (local or replicated).
 function M.on_replace(old, new)

@@ -7,7 +7,7 @@
 local log = require('log')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
-local buckets = require('smartcache.buckets')
+local sharding = require('smartcache.sharding')
 local F = require('smartcache.schema').F.sessions
 
 local M = {}
@@ -55,8 +55,8 @@ function M.locate(id)
     if t == nil then
         return util.result('NOT_FOUND')
     end
-    local count = buckets.count()
-    return util.result('OK', {bucket = count and buckets.of(t[F.client_id], count) or box.NULL})
+    local count = sharding.count()
+    return util.result('OK', {bucket = count and sharding.of(t[F.client_id], count) or box.NULL})
 end
 
 -- A read slides the deadline when it can. When the refresh cannot be written

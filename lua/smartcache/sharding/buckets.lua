@@ -100,12 +100,12 @@ function M.refusal(kind, value)
     return {status = 'WRONG_BUCKET', bucket = bucket, owner = owner or box.NULL}
 end
 
--- The bucket a move is writing the rows of (smartcache.moves, while a chunk of a
+-- The bucket a move is writing the rows of (smartcache.sharding.moves, while a chunk of a
 -- copy is written on the destination): the one write of a bucket not active here.
 M.receiving = nil
 -- True while buckets_init stamps the rows written before sharding (of every bucket).
 M.backfilling = false
--- The bucket whose rows a move deletes now (smartcache.moves: a given-up copy, a sent bucket's garbage).
+-- The bucket whose rows a move deletes now (smartcache.sharding.moves: a given-up copy, a sent bucket's garbage).
 M.purging = nil
 
 -- Whether this shard serves the bucket of a row of space_name (true when the cluster is not

@@ -29,11 +29,9 @@ local fiber = require('fiber')
 local key_def = require('key_def')
 local schema = require('smartcache.schema')
 local util = require('smartcache.util')
-local buckets = require('smartcache.buckets')
+local buckets = require('smartcache.sharding.buckets')
 local quorum = require('smartcache.quorum')
 local events = require('smartcache.events')
-local waitlist = require('smartcache.waitlist')
-local prewarm = require('smartcache.prewarm')
 
 local M = {}
 
@@ -45,6 +43,15 @@ local STATUS, GEN, PEER, SINCE = 2, 3, 4, 5
 
 -- How long a transition waits for a pending write of its bucket's row to get its quorum.
 M.PENDING_WAIT_S = 5
+
+-- Who wakes its waiters when a bucket begins to move here (send_start): each fn(match) wakes
+-- the fibers waiting on an object whose key `match` says is of the bucket (the coordination
+-- waitlists, the prewarm waits), which then answer BUCKET_MOVING. The rooms register at load.
+local on_moving = {}
+
+function M.on_moving(fn)
+    table.insert(on_moving, fn)
+end
 
 local function describe(t)
     if t == nil then
@@ -283,8 +290,9 @@ function M.send_start(bucket, destination, generation)
         local function of_bucket(key)
             return type(key) == 'string' and buckets.of(key, count) == bucket
         end
-        waitlist.wake_keys(of_bucket)
-        prewarm.wake_clients(of_bucket)
+        for _, wake in ipairs(on_moving) do
+            wake(of_bucket)
+        end
     end
     return r
 end
