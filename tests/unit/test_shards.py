@@ -1,5 +1,6 @@
-"""Routing by bucket (service/smartcache/server/storage/shards.py): the bucket map, each call's bucket by the rules storage
-applies (checked against lua/smartcache/api.lua's ROUTE), and a stale map costing retries, never a misplaced call."""
+"""Routing by bucket (service/smartcache/server/storage/bucketmap.py, shards.py): the bucket map, each call's bucket
+by the rules storage applies (checked against lua/smartcache/api.lua's ROUTE), and a stale map costing retries, never
+a misplaced call."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from smartcache.server.storage import shards
-from smartcache.server.storage.shards import BucketMap, ShardedStorage, ShardError, bucket_of_call
+from smartcache.server.storage import bucketmap, shards
+from smartcache.server.storage.bucketmap import BucketMap, bucket_of_call
+from smartcache.server.storage.shards import ShardedStorage, ShardError
 from smartcache.wire import buckets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +66,7 @@ def test_the_service_routes_every_procedure_as_storage_checks_it() -> None:
     rules = {"first_session": ("session", 0), "first_key": ("key", 0), "create_call": ("key", 1)}
     rules |= {"cache_call": ("cache", 0), "published": ("key", 1)}
     in_lua = {name: rules[rule] for name, rule in re.findall(r"(\w+) = (\w+)", table)}
-    assert in_lua == dict(shards.ROUTE)
+    assert in_lua == dict(bucketmap.ROUTE)
 
 
 class FakeShard:
