@@ -504,32 +504,32 @@ def published_ports() -> dict[str, list[tuple[str, int, int]]]:
     return out
 
 
-def test_docker_readme_ports_table_is_docker_compose_yml_s() -> None:
+def test_docker_md_ports_table_is_docker_compose_yml_s() -> None:
     documented: dict[str, list[tuple[str, int, int]]] = {}
-    for r in rows(section(read("docker/README.md"), "Ports"))[1:]:
+    for r in rows(section(read("docs/docker.md"), "Ports"))[1:]:
         pairs = re.findall(r"`([A-Z0-9_]+)` (\d+) → (\d+)", r[1])
         if pairs:
             documented[r[0].strip("`")] = [(v, int(h), int(c)) for v, h, c in pairs]
     assert documented == published_ports()
 
 
-def test_docker_readme_events_and_client_endpoints_are_the_published_ones() -> None:
+def test_docker_pages_events_and_client_endpoints_are_the_published_ones() -> None:
     published = published_ports()
     events_in = {c for s in published for v, _, c in published[s] if "EVENTS" in v}
     events_out = {h for s in published for v, h, _ in published[s] if "EVENTS" in v}
     zmq_out = {h for s in published for v, h, _ in published[s] if re.fullmatch(r"SERVICE_\d_PORT", v)}
-    text = read("docker/README.md")
+    text = read("docker/README.md") + read("docs/docker.md")
     publishers = re.findall(r"(?:--publishers |publishers=\")(\S+?)[\")\s`]", text)
     assert publishers
     for endpoint in ",".join(publishers).split(","):
         host, _, port = endpoint.removeprefix("tcp://").partition(":")
         expected = events_out if host == "127.0.0.1" else events_in
-        assert int(port) in expected, f"docker/README.md: {endpoint} is no events socket"
+        assert int(port) in expected, f"docker pages: {endpoint} is no events socket"
     clients = re.findall(r"Client\(\"([^\"]+)\"", text)
     endpoints = [e for spec in clients for e in spec.split(",") if re.fullmatch(r"tcp://127\.0\.0\.1:\d+", e)]
     assert endpoints
     for endpoint in endpoints:
-        assert int(endpoint.rsplit(":", 1)[1]) in zmq_out, f"docker/README.md: {endpoint} is no service's ZeroMQ"
+        assert int(endpoint.rsplit(":", 1)[1]) in zmq_out, f"docker pages: {endpoint} is no service's ZeroMQ"
 
 
 def compose_defaults() -> dict[str, str]:
@@ -541,33 +541,33 @@ def compose_defaults() -> dict[str, str]:
     return {name: d.pop() for name, d in found.items()}
 
 
-def test_docker_readme_variables_are_docker_compose_yml_s_with_their_defaults() -> None:
+def test_docker_md_variables_are_docker_compose_yml_s_with_their_defaults() -> None:
     published = {v for s in published_ports().values() for v, _, _ in s}
     documented: dict[str, str] = {}
-    for r in rows(section(read("docker/README.md"), "Variables"))[1:]:
+    for r in rows(section(read("docs/docker.md"), "Variables"))[1:]:
         names = re.findall(r"`([A-Z0-9_]+)`", r[0])
         if r[1] == "[Ports](#ports)":
             continue
         values = [v.strip().strip("`") for v in re.split(r" / ", r[1])]
         values = ["" if v.startswith("empty") else v for v in values]
-        assert len(values) in (1, len(names)), f"docker/README.md Variables: {r[0]}"
+        assert len(values) in (1, len(names)), f"docs/docker.md Variables: {r[0]}"
         documented.update(zip(names, values * len(names) if len(values) == 1 else values, strict=True))
     defaults = {n: d for n, d in compose_defaults().items() if n not in published}
     assert {n: documented.get(n) for n in defaults} == defaults
-    assert set(documented) - compose_variables() == set(), "docker/README.md Variables: not in the compose files"
+    assert set(documented) - compose_variables() == set(), "docs/docker.md Variables: not in the compose files"
 
 
-def test_docker_readme_says_what_the_images_set() -> None:
+def test_docker_md_says_what_the_images_set() -> None:
     env = {}
     for dockerfile in (ROOT / "docker").glob("*.Dockerfile"):
         env.update(re.findall(r"\b([A-Z][A-Z0-9_]+)=(\S+?)\s*\\?$", dockerfile.read_text(), re.MULTILINE))
-    text = read("docker/README.md")
+    text = read("docs/docker.md")
     paragraph = text[text.index("The images set what differs inside a container") :]
     paragraph = paragraph[: paragraph.index("\n\n")]
     stated = re.findall(r"`([A-Z][A-Z0-9_]+)=([^`]+)`", paragraph)
     assert stated
     for name, value in stated:
-        assert env.get(name) == value, f"docker/README.md: {name}={value}, the Dockerfiles: {env.get(name)}"
+        assert env.get(name) == value, f"docs/docker.md: {name}={value}, the Dockerfiles: {env.get(name)}"
 
 
 def _rule(makefile: str, target: str) -> str:
