@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smartcache.ops import moves
@@ -23,6 +23,9 @@ def test_ranges_and_owners_are_each_other_s_inverse() -> None:
     assert moves.owners(a_map(owner, ["s1", "s2", "s3"])) == owner
 
 
+# no deadline: drawing up to 300 owners one by one outlasted hypothesis' 200 ms once, in a unit run beside
+# integration tests on a loaded 2-core machine
+@settings(deadline=None)
 @given(
     count=st.integers(1, 300),
     shards=st.integers(1, 6),
