@@ -135,6 +135,18 @@ def test_the_readme_names_every_variable_that_moves_a_port_of_make_run() -> None
     assert (MAKE_RUN_PORT_VARIABLES | {ports.PORT_OFFSET_VARIABLE}) - named == set(), "README: What make run starts"
 
 
+def test_the_readmes_python_example_follows_the_port_offset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example's endpoint is make run's service port, moved by SMARTCACHE_PORT_OFFSET as make run moves it."""
+    (example,) = re.findall(r"```python\n(.*?)```", read("README.md"), re.DOTALL)
+    (line,) = [line for line in example.splitlines() if line.startswith("ENDPOINT = ")]
+    assert ports.PORT_OFFSET_VARIABLE in example.split(line)[0], "say a word about the offset beside the endpoint"
+    for offset in ("", "0", "7", "1000"):
+        monkeypatch.setenv(ports.PORT_OFFSET_VARIABLE, offset)
+        namespace: dict[str, object] = {}
+        exec("import os\n" + line, namespace)  # the README's own line, read from the repository
+        assert namespace["ENDPOINT"] == f"tcp://127.0.0.1:{ports.LISTEN_PORT + int(offset or 0)}"
+
+
 def test_development_md_make_run_table_has_every_port_and_variable() -> None:
     table = rows(section(read("docs/development.md"), "make run"))[1:]
     assert port_numbers(" ".join(r[2] for r in table)) == MAKE_RUN_PORTS
@@ -399,9 +411,17 @@ def test_the_readme_names_what_the_targets_install() -> None:
     every_package = set().union(*packages.values())
     first = readme[: readme.index("\n## ")]
     assert set(PACKAGE.findall(first)) & every_package == packages["sysdeps"], "README, before its first section"
-    others = section(readme, "Other targets")
+    others = section(readme, "Targets")
     rest = set().union(*(p for t, p in packages.items() if t != "sysdeps"))
-    assert set(PACKAGE.findall(others)) & every_package == rest, "README, Other targets"
+    assert set(PACKAGE.findall(others)) & every_package == rest, "README, Targets"
+
+
+def test_the_readme_gives_a_duration_for_each_target_that_takes_one() -> None:
+    """The README's Targets table: a row for every target whose docs/development.md row gives a duration."""
+    stated = " ".join(" ".join(r) for r in rows(section(read("README.md"), "Targets")))
+    for target, row in development_targets().items():
+        if DURATION.search(row[2]):
+            assert f"`make {target}`" in stated, f"README, Targets: no row for make {target} ({row[2]})"
 
 
 def test_development_md_dependencies_name_every_debian_package_a_target_installs() -> None:
