@@ -1,5 +1,5 @@
-"""The clock offset estimator (service/smartcache/server/storage/clock.py): jitter never moves it far, a step is adopted at the
-second sample after it (forward or backward), a single noisy sample changes nothing."""
+"""The clock offset estimator (service/smartcache/server/storage/clock.py): jitter never moves it far, a step is
+adopted at the second sample after it (forward or backward), a single noisy sample changes nothing."""
 
 from __future__ import annotations
 
