@@ -28,6 +28,7 @@ local READ_TIMEOUT_S = 5
 local MAX_CONNECTIONS = 64  -- more at once get 503: an operator endpoint must not eat the instance
 local active = 0
 local F = schema.F.sessions
+local FB = schema.F.sc_buckets  -- a bucket's row: id, status, generation, peer, since
 
 local function respond(s, code, content_type, body)
     local reason = ({[200] = 'OK', [400] = 'Bad Request', [401] = 'Unauthorized', [404] = 'Not Found',
@@ -72,10 +73,10 @@ local function not_served(t)
     end
     local b = t[F.bucket] or sharding.of_row('sessions', t, count)
     local row = box.space.sc_buckets:get(b)
-    if row ~= nil and row[2] == 'active' then
+    if row ~= nil and row[FB.status] == sharding.BUCKET.ACTIVE then
         return nil
     end
-    return {bucket = b, state = row and row[2] or box.NULL, peer = row and row[4] or box.NULL}
+    return {bucket = b, state = row and row[FB.status] or box.NULL, peer = row and row[FB.peer] or box.NULL}
 end
 
 local function not_served_message(where)

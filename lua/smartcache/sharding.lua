@@ -11,10 +11,19 @@
 --                 sc.buckets_init
 --   moves.lua     sc.bucket_* and sc.buckets_held: each a checked transition of
 --                 one bucket's row, driven by the operator and every settler
+--   transitions.lua  the moves' state machine as data: EDGES (every change a
+--                 row may go through), STEPS (the one-transaction transitions)
+--   rows.lua      a bucket's rows as a move handles them: counted, paged,
+--                 written a chunk at a time, deleted while the row's mark holds
+--   consts.lua    the states of a bucket's row (BUCKET.ACTIVE ...)
+local consts = require('smartcache.sharding.consts')
 local buckets = require('smartcache.sharding.buckets')
 local moves = require('smartcache.sharding.moves')
 
 local M = {}
+
+-- The states of a bucket's row in sc_buckets (BUCKET.ACTIVE ...).
+M.BUCKET = consts.BUCKET
 
 -- The bucket count of a sharded cluster, or nil: not sharded.
 M.count = buckets.count

@@ -14,7 +14,7 @@ local schema = require('smartcache.schema')
 
 local COUNT = 16
 local test = tap.test('moves')
-test:plan(18)
+test:plan(19)
 
 -- A shard holding every bucket but `away` (not held: it will be received).
 local function shard(away)
@@ -343,6 +343,44 @@ test:test('buckets_held: the active buckets and the moving ones with their rows'
     t:is(moving[9], 'receiving', 'bucket 9 receiving')
     t:is(#r.active + #r.moving, box.space.sc_buckets:len(), 'every bucket held here, active or moving')
     fiber.yield()
+end)
+
+test:test('the transitions are data: every step is an edge, and a change that is no edge is refused', function(t)
+    t:plan(4)
+    local transitions = require('smartcache.sharding.transitions')
+    local BUCKET = require('smartcache.sharding.consts').BUCKET
+    local missing = {}
+    for name, step in pairs(transitions.STEPS) do
+        if transitions.EDGES[step.from][step.to] == nil then
+            table.insert(missing, name)
+        end
+    end
+    t:is_deeply(missing, {}, 'every step of STEPS is in EDGES')
+    local states = {[transitions.NONE] = true}
+    for _, status in pairs(BUCKET) do
+        states[status] = true
+    end
+    local unknown = {}
+    for from, tos in pairs(transitions.EDGES) do
+        for to in pairs(tos) do
+            if not states[from] or not states[to] then
+                table.insert(unknown, from .. ' -> ' .. to)
+            end
+        end
+    end
+    t:is_deeply(unknown, {}, 'EDGES names the states of BUCKET only')
+    local active = box.space.sc_buckets:select({}, {iterator = 'ALL'})
+    for _, row in ipairs(active) do
+        if row[2] == BUCKET.ACTIVE then
+            active = row
+            break
+        end
+    end
+    local ok, err = pcall(box.atomic, function()
+        transitions.set(active[1], active, BUCKET.SENT, active[3], 's9')  -- active -> sent skips sending
+    end)
+    t:ok(not ok and tostring(err):find('no transition active -> sent', 1, true) ~= nil, 'active -> sent raises')
+    t:is(box.space.sc_buckets:get(active[1])[2], BUCKET.ACTIVE, 'and the row stays as it was')
 end)
 
 helper.finish(test)

@@ -12,8 +12,11 @@ local digest = require('digest')
 local fiber = require('fiber')
 local schema = require('smartcache.schema')
 local util = require('smartcache.util')
+local BUCKET = require('smartcache.sharding.consts').BUCKET
 
 local M = {}
+
+local FB = schema.F.sc_buckets  -- a bucket's row: id, status, generation, peer, since
 
 M.MAX_BUCKETS = 65536
 
@@ -90,13 +93,14 @@ function M.refusal(kind, value)
         return nil
     end
     local t = box.space.sc_buckets:get(bucket)
-    if t ~= nil and t[2] == 'active' then
+    local status = t and t[FB.status]
+    if status == BUCKET.ACTIVE then
         return nil
     end
-    if t ~= nil and (t[2] == 'sending' or t[2] == 'receiving') then
+    if status == BUCKET.SENDING or status == BUCKET.RECEIVING then
         return {status = 'BUCKET_MOVING', bucket = bucket}  -- paused for a moment: retryable, nothing done
     end
-    local owner = t ~= nil and (t[2] == 'sent' or t[2] == 'garbage') and t[4] or nil
+    local owner = (status == BUCKET.SENT or status == BUCKET.GARBAGE) and t[FB.peer] or nil
     return {status = 'WRONG_BUCKET', bucket = bucket, owner = owner or box.NULL}
 end
 
@@ -131,7 +135,7 @@ function M.serves_row(space_name, t)
     local state = box.space.sc_buckets:get(b)
     -- No row: a bucket never held here whose rows the backfill found (written before sharding): its
     -- rows are nobody's copy, and expire here as they always did.
-    return state == nil or state[2] == 'active'
+    return state == nil or state[FB.status] == BUCKET.ACTIVE
 end
 
 -- Raised by a write of a row whose bucket is not active here (a procedure that
@@ -176,8 +180,8 @@ local function stamper(space_name)
             local b = old[pos] or M.of_row(space_name, old, count)
             if b ~= nil and b ~= M.purging and box.session.type() ~= 'applier' then
                 local state = box.space.sc_buckets:get(b)
-                if state ~= nil and state[2] ~= 'active' then  -- no row: rows from before sharding, nobody's copy
-                    not_active(b, state[2])
+                if state ~= nil and state[FB.status] ~= BUCKET.ACTIVE then  -- no row: from before sharding
+                    not_active(b, state[FB.status])
                 end
             end
             return new
@@ -194,8 +198,8 @@ local function stamper(space_name)
         -- bucket only, or to the bucket a move is receiving.
         if b ~= M.receiving and not M.backfilling and box.session.type() ~= 'applier' then
             local state = box.space.sc_buckets:get(b)
-            if state == nil or state[2] ~= 'active' then
-                not_active(b, state and state[2])
+            if state == nil or state[FB.status] ~= BUCKET.ACTIVE then
+                not_active(b, state and state[FB.status])
             end
         end
         if stamped then
@@ -325,7 +329,7 @@ function M.init(count, held)
         end
         box.space.sc_meta:replace({'bucket_count', count})
         for _, b in ipairs(held) do
-            space:insert({b, 'active', 1, box.NULL, util.now_ms()})
+            space:insert({b, BUCKET.ACTIVE, 1, box.NULL, util.now_ms()})
         end
         return util.result('OK', {created = true, buckets = #held})
     end)

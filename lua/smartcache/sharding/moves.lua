@@ -1,6 +1,6 @@
--- Moves of buckets between shards (online resharding). lua/README.md, "Moving a
--- bucket", lists the states and every transition with who makes it and what each
--- failure leaves; docs/design/resharding.md is the design.
+-- Moves of buckets between shards (online resharding). docs/storage-sharding.md,
+-- "Moving a bucket", lists the states and every transition with who makes it and
+-- what each failure leaves; docs/design/resharding.md is the design.
 --
 -- A bucket's row in sc_buckets is {id, status, generation, peer, since}; answers
 -- call its status `state` (`status` is the answer's own). Every
@@ -10,10 +10,10 @@
 -- generation changes nothing: any number of drivers (the operator's command, the
 -- settler of every service instance) may drive one move at once.
 --
---   source: active --send_start--> sending --send_done--> sent --gc--> garbage --gc--> (row gone)
---                      \--send_abort (generation + 1)--> active
---   destination: (none) --recv_start--> receiving --recv_done--> active
---                                          \--recv_abort--> aborting --> (rows and row gone)
+-- smartcache.sharding.transitions holds the states' diagram as data (EDGES) and the
+-- transitions made in one checked transaction (STEPS: send_start, send_abort,
+-- send_done, recv_done); gc, recv_start and recv_abort mark the row, delete its
+-- rows while the mark holds (smartcache.sharding.rows), then finish.
 --
 -- Every deletion of a bucket's rows (a stale copy, the garbage of a sent bucket) first
 -- marks the row (aborting, garbage) in a checked transaction, and each batch it deletes
@@ -26,12 +26,13 @@
 -- generation both carry), and the source copy goes only after the destination
 -- is active, its rows on its quorum.
 local fiber = require('fiber')
-local key_def = require('key_def')
 local schema = require('smartcache.schema')
 local util = require('smartcache.util')
-local buckets = require('smartcache.sharding.buckets')
 local quorum = require('smartcache.quorum')
-local events = require('smartcache.events')
+local buckets = require('smartcache.sharding.buckets')
+local rows = require('smartcache.sharding.rows')
+local transitions = require('smartcache.sharding.transitions')
+local BUCKET = require('smartcache.sharding.consts').BUCKET
 
 local M = {}
 
@@ -39,10 +40,10 @@ local M = {}
 M.CHUNK_MAX = 2000
 M.DELETE_BATCH = 500
 
-local STATUS, GEN, PEER, SINCE = 2, 3, 4, 5
-
--- How long a transition waits for a pending write of its bucket's row to get its quorum.
-M.PENDING_WAIT_S = 5
+local F = schema.F.sc_buckets  -- id, status, generation, peer, since
+local set, is, row, answer, refused = transitions.set, transitions.is, transitions.row, transitions.answer,
+    transitions.refused
+local check, transit = transitions.check, transitions.transit
 
 -- Who wakes its waiters when a bucket begins to move here (send_start): each fn(match) wakes
 -- the fibers waiting on an object whose key `match` says is of the bucket (the coordination
@@ -53,184 +54,45 @@ function M.on_moving(fn)
     table.insert(on_moving, fn)
 end
 
-local function describe(t)
-    if t == nil then
-        return {state = box.NULL}
-    end
-    return {state = t[STATUS], generation = t[GEN], peer = t[PEER] or box.NULL, since = t[SINCE] or box.NULL}
-end
-
-local function answer(status, bucket, t, fields)
-    local out = describe(t)
-    out.bucket = bucket
-    for k, v in pairs(fields or {}) do
-        out[k] = v
-    end
-    return util.result(status, out)
-end
-
-local function refused(bucket, t, wanted)
-    return answer('BUCKET_STATE', bucket, t, {message = string.format('bucket %d is %s here, not %s', bucket,
-        t and string.format('%s (generation %d)', t[STATUS], t[GEN]) or 'not held', wanted)})
-end
-
-local NOT_SHARDED = {status = 'NOT_SHARDED', message = 'this replica set is not a shard of a sharded cluster'}
-
--- The checks every transition makes first: a sharded shard, a bucket in range, its leader, and no
--- write of the bucket's row waiting for its quorum (what follows reads the row, and commits nothing
--- between that read and its own write: no yield).
-local function check(bucket, generation)
-    local count = buckets.count()
-    if count == nil then
-        return NOT_SHARDED
-    end
-    if type(bucket) ~= 'number' or bucket ~= math.floor(bucket) or bucket < 0 or bucket >= count then
-        return util.bad_request(string.format('bucket must be an integer in 0..%d', count - 1))
-    end
-    if generation ~= nil and (type(generation) ~= 'number' or generation ~= math.floor(generation)
-            or generation < 0) then
-        return util.bad_request('generation must be a non-negative integer')
-    end
-    if not util.writable() then
-        return util.result('NOT_LEADER')
-    end
-    if not quorum.wait_key('sc_buckets', bucket, fiber.time() + M.PENDING_WAIT_S) then
-        return util.result('BUCKET_STATE', {bucket = bucket, message = 'a write of the bucket\'s row still waits '
-            .. 'for its quorum: ask again'})
-    end
-    if not util.writable() then
-        return util.result('NOT_LEADER')
+local function check_shard(name, what)
+    if type(name) ~= 'string' or name == '' then
+        return util.bad_request(what .. ' must be a shard name')
     end
     return nil
 end
 
-local function set(bucket, status, generation, peer)
-    box.space.sc_buckets:replace({bucket, status, generation, peer or box.NULL, util.now_ms()})
-end
-
-local function is(t, status, generation)
-    return t ~= nil and t[STATUS] == status and t[GEN] == generation
-end
-
-local key_defs = {}
-local function pk_of(space)
-    local kd = key_defs[space.id]
-    if kd == nil then
-        kd = key_def.new(space.index.primary.parts)
-        key_defs[space.id] = kd
-    end
-    return kd
-end
-
--- Delete up to limit rows of bucket, space after space, in one transaction, while the bucket's row
--- is still marked (status, generation) (checked in that transaction); how many, or nil when the mark
--- is gone (another step took the bucket over: stop).
-local function delete_some(bucket, limit, status, generation)
-    return util.atomic(function()
-        if not is(box.space.sc_buckets:get(bucket), status, generation) then
-            return nil
-        end
-        local deleted = 0
-        buckets.purging = bucket
-        local ok, err = pcall(function()
-            for _, name in ipairs(schema.SHARDED) do
-                local space = box.space[name]
-                local pk = pk_of(space)
-                local keys = {}
-                for _, t in space.index.by_bucket:pairs({bucket}, {iterator = 'EQ'}) do
-                    if deleted + #keys >= limit then
-                        break
-                    end
-                    table.insert(keys, pk:extract_key(t))
-                end
-                for _, key in ipairs(keys) do
-                    space:delete(key)
-                end
-                deleted = deleted + #keys
-                if deleted >= limit then
-                    return
-                end
-            end
-        end)
-        buckets.purging = nil  -- before the commit yields
-        if not ok then
-            error(err, 0)
-        end
-        return deleted
+-- Delete bucket's rows while its row stays marked (status, generation); how many, and whether
+-- the mark held to the end.
+local function purge(bucket, status, generation)
+    return rows.purge(bucket, M.DELETE_BATCH, function()
+        return is(row(bucket), status, generation)
     end)
 end
 
--- Every row of bucket deleted while its row is marked (status, generation), DELETE_BATCH per
--- transaction, yielding between; how many, and whether the mark held to the end.
-local function purge(bucket, status, generation)
-    local total = 0
-    while true do
-        local n = delete_some(bucket, M.DELETE_BATCH, status, generation)
-        if n == nil then
-            return total, false
+-- The row gone once a purge under the mark (status, generation) held to the end.
+local function unset_if(bucket, status, generation)
+    util.atomic(function()
+        local t = row(bucket)
+        if is(t, status, generation) then
+            transitions.unset(bucket, t)
         end
-        total = total + n
-        if n == 0 then
-            return total, true
-        end
-        fiber.yield()
-    end
-end
-
-local function rows_of(bucket)
-    local rows = 0
-    for _, name in ipairs(schema.SHARDED) do
-        rows = rows + box.space[name].index.by_bucket:count({bucket})
-    end
-    return rows
-end
-
--- What the sequences that rows carry numbers of have handed out here (nil: never used).
-local NUMBERED = {semaphore_holders = {'token', 'sc_fence'}, queue_tasks = {'id', 'sc_task_id'}}
-
-local function current(seq_name)
-    local seq = box.sequence[seq_name]
-    if seq == nil then
-        return nil
-    end
-    local ok, v = pcall(seq.current, seq)  -- raises on a sequence never used (2.6)
-    return ok and v or nil
-end
-
-local function numbers()
-    return {sc_fence = current('sc_fence') or box.NULL, sc_task_id = current('sc_task_id') or box.NULL}
-end
-
--- Raise a sequence to at least v: what this shard hands out next stays above what the rows
--- and the source handed out (a fencing token only grows; a task id is unique).
-local function raise(seq_name, v)
-    local seq = box.sequence[seq_name]
-    if seq ~= nil and type(v) == 'number' then
-        local cur = current(seq_name)
-        if cur == nil or cur < v then
-            seq:set(v)
-        end
-    end
+    end)
 end
 
 -- sc.bucket_state(bucket): the bucket's row here, how many rows it has (every space), the numbers
 -- this shard's sequences handed out, and this instance's clock. NOT_LEADER off the leader (a
 -- follower's or a deposed leader's row may lag: nobody decides on it).
 function M.state(bucket)
-    local count = buckets.count()
-    if count == nil then
-        return NOT_SHARDED
-    end
-    if type(bucket) ~= 'number' or bucket ~= math.floor(bucket) or bucket < 0 or bucket >= count then
-        return util.bad_request(string.format('bucket must be an integer in 0..%d', count - 1))
+    local bad = transitions.check_bucket(bucket)
+    if bad ~= nil then
+        return bad
     end
     if not util.writable() then
         return util.result('NOT_LEADER')
     end
-    local settled = quorum.wait_key('sc_buckets', bucket, fiber.time() + M.PENDING_WAIT_S)
-    local t = box.space.sc_buckets:get(bucket)
-    return answer('OK', bucket, t, {rows = rows_of(bucket), now_ms = util.now_ms(), numbers = numbers(),
-                                    pending = not settled})
+    local settled = quorum.wait_key('sc_buckets', bucket, fiber.time() + transitions.PENDING_WAIT_S)
+    return answer('OK', bucket, row(bucket), {rows = rows.count(bucket), now_ms = util.now_ms(),
+                                              numbers = rows.numbers(), pending = not settled})
 end
 
 -- sc.buckets_held(): the buckets active here ({bucket, generation} each), and every bucket in
@@ -239,19 +101,19 @@ end
 function M.held()
     local count = buckets.count()
     if count == nil then
-        return NOT_SHARDED
+        return transitions.NOT_SHARDED
     end
     if not util.writable() then
         return util.result('NOT_LEADER')
     end
     local active, moving = {}, {}
     for _, t in box.space.sc_buckets:pairs() do
-        if t[STATUS] == 'active' then
-            table.insert(active, {t[1], t[GEN]})
+        if t[F.status] == BUCKET.ACTIVE then
+            table.insert(active, {t[F.id], t[F.generation]})
         else
-            local d = describe(t)
-            d.bucket = t[1]
-            d.pending = quorum.is_pending('sc_buckets', t[1])
+            local d = transitions.describe(t)
+            d.bucket = t[F.id]
+            d.pending = quorum.is_pending('sc_buckets', t[F.id])
             table.insert(moving, d)
         end
     end
@@ -265,24 +127,11 @@ end
 -- written yet fails at its write (the stamping trigger checks the state), and the
 -- fibers waiting on an object of the bucket answer BUCKET_MOVING.
 function M.send_start(bucket, destination, generation)
-    local bad = check(bucket, generation)
+    local bad = check(bucket, generation) or check_shard(destination, 'destination')
     if bad ~= nil then
         return bad
     end
-    if type(destination) ~= 'string' or destination == '' then
-        return util.bad_request('destination must be a shard name')
-    end
-    local r = util.atomic(function()
-        local t = box.space.sc_buckets:get(bucket)
-        if is(t, 'sending', generation + 1) and t[PEER] == destination then
-            return answer('OK', bucket, t)  -- a repeat
-        end
-        if not is(t, 'active', generation) then
-            return refused(bucket, t, string.format('active at generation %d', generation))
-        end
-        set(bucket, 'sending', generation + 1, destination)
-        return answer('OK', bucket, box.space.sc_buckets:get(bucket))
-    end)
+    local r = transit('send_start', bucket, generation, destination)
     if r.status == 'OK' then
         -- Those waiting here on an object of the bucket (a latch, a permit, a task, a prewarm) answer
         -- BUCKET_MOVING now, and the service asks again where the bucket goes, instead of waiting here on.
@@ -301,45 +150,14 @@ end
 -- generation + 1 (a move given up: the destination's copy, at generation, can no
 -- longer be made active by anyone, since this shard will never be sent at it).
 function M.send_abort(bucket, generation)
-    local bad = check(bucket, generation)
-    if bad ~= nil then
-        return bad
-    end
-    return util.atomic(function()
-        local t = box.space.sc_buckets:get(bucket)
-        if is(t, 'active', generation + 1) then
-            return answer('OK', bucket, t)
-        end
-        if not is(t, 'sending', generation) then
-            return refused(bucket, t, string.format('sending at generation %d', generation))
-        end
-        set(bucket, 'active', generation + 1, nil)
-        return answer('OK', bucket, box.space.sc_buckets:get(bucket))
-    end)
+    return check(bucket, generation) or transit('send_abort', bucket, generation)
 end
 
 -- sc.bucket_send_done(bucket, generation): sending -> sent (the copy is complete on
 -- the destination's quorum). Calls of the bucket are answered WRONG_BUCKET with
 -- the destination as its owner from then on.
 function M.send_done(bucket, generation)
-    local bad = check(bucket, generation)
-    if bad ~= nil then
-        return bad
-    end
-    return util.atomic(function()
-        local t = box.space.sc_buckets:get(bucket)
-        if is(t, 'sent', generation) or is(t, 'garbage', generation) then
-            return answer('OK', bucket, t)
-        end
-        if not is(t, 'sending', generation) then
-            return refused(bucket, t, string.format('sending at generation %d', generation))
-        end
-        set(bucket, 'sent', generation, t[PEER])
-        -- The last event of the bucket's keys in this shard's log (docs/design/resharding.md, "Events").
-        local seq = events.write('bucket.sent', tostring(bucket), {bucket = bucket, to = t[PEER],
-                                                                  generation = generation})
-        return answer('OK', bucket, box.space.sc_buckets:get(bucket), {seq = seq or box.NULL})
-    end)
+    return check(bucket, generation) or transit('send_done', bucket, generation)
 end
 
 -- sc.bucket_gc(bucket, generation): a sent bucket's rows deleted (it turns garbage
@@ -349,30 +167,30 @@ function M.gc(bucket, generation)
     if bad ~= nil then
         return bad
     end
-    local t = box.space.sc_buckets:get(bucket)
+    local t = row(bucket)
     if t == nil then
         return answer('OK', bucket, t, {deleted = 0, done = true})
     end
-    if not (is(t, 'sent', generation) or is(t, 'garbage', generation)) then
+    if not (is(t, BUCKET.SENT, generation) or is(t, BUCKET.GARBAGE, generation)) then
         return refused(bucket, t, string.format('sent at generation %d', generation))
     end
-    if t[STATUS] == 'sent' then
+    if t[F.status] == BUCKET.SENT then
         util.atomic(function()
-            if is(box.space.sc_buckets:get(bucket), 'sent', generation) then
-                set(bucket, 'garbage', generation, t[PEER])
+            local now = row(bucket)
+            if is(now, BUCKET.SENT, generation) then
+                set(bucket, now, BUCKET.GARBAGE, generation, t[F.peer])
             end
         end)
     end
-    local deleted, held = purge(bucket, 'garbage', generation)
+    local deleted, held = purge(bucket, BUCKET.GARBAGE, generation)
     if held then
-        util.atomic(function()
-            if is(box.space.sc_buckets:get(bucket), 'garbage', generation) then
-                box.space.sc_buckets:delete(bucket)
-            end
-        end)
+        unset_if(bucket, BUCKET.GARBAGE, generation)
     end
-    return answer('OK', bucket, box.space.sc_buckets:get(bucket), {deleted = deleted, done = held})
+    return answer('OK', bucket, row(bucket), {deleted = deleted, done = held})
 end
+
+-- What recv_start may take over: nothing, or an older copy or the garbage of a move away.
+local STALE = {[BUCKET.RECEIVING] = true, [BUCKET.ABORTING] = true, [BUCKET.SENT] = true, [BUCKET.GARBAGE] = true}
 
 -- sc.bucket_recv_start(bucket, source, generation, numbers?): receiving from source at
 -- generation. Whatever of the bucket is here already (a copy of an earlier, given-up
@@ -383,75 +201,78 @@ end
 -- from that mark. Taking over a recv_abort's mark of the same copy is as safe: nothing
 -- makes a copy active but the source sent at its generation.
 function M.recv_start(bucket, source, generation, nums)
-    local bad = check(bucket, generation)
+    local bad = check(bucket, generation) or check_shard(source, 'source')
     if bad ~= nil then
         return bad
-    end
-    if type(source) ~= 'string' or source == '' then
-        return util.bad_request('source must be a shard name')
     end
     nums = util.opt(nums, {})
     if type(nums) ~= 'table' then
         return util.bad_request('numbers must be a map {sc_fence, sc_task_id}')
     end
     local first = util.atomic(function()
-        local t = box.space.sc_buckets:get(bucket)
-        if is(t, 'receiving', generation) and t[PEER] == source then
+        local t = row(bucket)
+        if is(t, BUCKET.RECEIVING, generation) and t[F.peer] == source then
             return answer('OK', bucket, t)  -- a repeat
         end
-        if is(t, 'aborting', generation) and t[PEER] == source then
+        if is(t, BUCKET.ABORTING, generation) and t[F.peer] == source then
             return nil  -- a repeat of one cut short: its purge goes on
         end
-        local stale = t == nil or (t[GEN] < generation and (t[STATUS] == 'receiving' or t[STATUS] == 'aborting'
-            or t[STATUS] == 'sent' or t[STATUS] == 'garbage'))
-        if not stale then
+        if not (t == nil or (t[F.generation] < generation and STALE[t[F.status]])) then
             return refused(bucket, t, 'absent (or an older copy or garbage)')
         end
-        set(bucket, 'aborting', generation, source)  -- what is here goes first
+        set(bucket, t, BUCKET.ABORTING, generation, source)  -- what is here goes first
         return nil
     end)
     if first ~= nil then
         return first
     end
-    local _, held = purge(bucket, 'aborting', generation)
+    local _, held = purge(bucket, BUCKET.ABORTING, generation)
     if not held then
-        return refused(bucket, box.space.sc_buckets:get(bucket), 'as it was (taken over while purging)')
+        return refused(bucket, row(bucket), 'as it was (taken over while purging)')
     end
     return util.atomic(function()
-        local t = box.space.sc_buckets:get(bucket)
-        if not is(t, 'aborting', generation) then
+        local t = row(bucket)
+        if not is(t, BUCKET.ABORTING, generation) then
             return refused(bucket, t, 'as it was (taken over while purging)')
         end
-        raise('sc_fence', nums.sc_fence)
-        raise('sc_task_id', nums.sc_task_id)
-        set(bucket, 'receiving', generation, source)
-        return answer('OK', bucket, box.space.sc_buckets:get(bucket))
+        rows.raise('sc_fence', nums.sc_fence)
+        rows.raise('sc_task_id', nums.sc_task_id)
+        set(bucket, t, BUCKET.RECEIVING, generation, source)
+        return answer('OK', bucket, row(bucket))
     end)
+end
+
+local function sharded_space(space_name)
+    local space = box.space[space_name]
+    if schema.F[space_name] == nil or schema.F[space_name].bucket == nil or space == nil then
+        return nil, util.bad_request('space must be a sharded space')
+    end
+    return space
 end
 
 -- sc.bucket_recv(bucket, generation, space, rows): a chunk of the copy, written as
 -- it is (one transaction). Each row must be of this bucket by storage's own
 -- computation, and must not take the key of another bucket's row here.
-function M.recv(bucket, generation, space_name, rows)
+function M.recv(bucket, generation, space_name, chunk)
     local bad = check(bucket, generation)
     if bad ~= nil then
         return bad
     end
-    local space = box.space[space_name]
-    if schema.F[space_name] == nil or schema.F[space_name].bucket == nil or space == nil then
-        return util.bad_request('space must be a sharded space')
+    local space, not_sharded = sharded_space(space_name)
+    if space == nil then
+        return not_sharded
     end
-    if type(rows) ~= 'table' or #rows > M.CHUNK_MAX then
+    if type(chunk) ~= 'table' or #chunk > M.CHUNK_MAX then
         return util.bad_request(string.format('rows must be a list of at most %d rows', M.CHUNK_MAX))
     end
     local count, pos = buckets.count(), schema.F[space_name].bucket
-    local pk = pk_of(space)
-    local t = box.space.sc_buckets:get(bucket)
-    if not is(t, 'receiving', generation) then
+    local pk = rows.pk_of(space)
+    local t = row(bucket)
+    if not is(t, BUCKET.RECEIVING, generation) then
         return refused(bucket, t, string.format('receiving at generation %d', generation))
     end
     local tuples = {}
-    for i, r in ipairs(rows) do
+    for i, r in ipairs(chunk) do
         local ok, tuple = pcall(box.tuple.new, r)
         if not ok or type(r) ~= 'table' or r[pos] ~= bucket or buckets.of_row(space_name, tuple, count) ~= bucket then
             return util.bad_request(string.format('row %d is not a row of bucket %d', i, bucket))
@@ -463,25 +284,13 @@ function M.recv(bucket, generation, space_name, rows)
         end
         tuples[i] = tuple
     end
-    local numbered = NUMBERED[space_name]
     return util.atomic(function()
-        if not is(box.space.sc_buckets:get(bucket), 'receiving', generation) then
-            return refused(bucket, box.space.sc_buckets:get(bucket), 'receiving')
+        local now = row(bucket)
+        if not is(now, BUCKET.RECEIVING, generation) then
+            return refused(bucket, now, BUCKET.RECEIVING)
         end
-        buckets.receiving = bucket
-        local ok, err = pcall(function()
-            for _, tuple in ipairs(tuples) do
-                space:replace(tuple)
-                if numbered ~= nil then
-                    raise(numbered[2], tuple[schema.F[space_name][numbered[1]]])
-                end
-            end
-        end)
-        buckets.receiving = nil  -- before the commit yields
-        if not ok then
-            error(err, 0)
-        end
-        set(bucket, 'receiving', generation, t[PEER])
+        rows.write(bucket, space_name, tuples)
+        set(bucket, now, BUCKET.RECEIVING, generation, t[F.peer])
         return util.result('OK', {bucket = bucket, written = #tuples})
     end)
 end
@@ -489,24 +298,7 @@ end
 -- sc.bucket_recv_done(bucket, generation): receiving -> active at generation. The
 -- driver calls it only once the source is sent at that generation.
 function M.recv_done(bucket, generation)
-    local bad = check(bucket, generation)
-    if bad ~= nil then
-        return bad
-    end
-    return util.atomic(function()
-        local t = box.space.sc_buckets:get(bucket)
-        if is(t, 'active', generation) then
-            return answer('OK', bucket, t)
-        end
-        if not is(t, 'receiving', generation) then
-            return refused(bucket, t, string.format('receiving at generation %d', generation))
-        end
-        set(bucket, 'active', generation, nil)
-        -- Before the first event of the bucket's keys in this shard's log.
-        local seq = events.write('bucket.received', tostring(bucket), {bucket = bucket, from = t[PEER],
-                                                                      generation = generation})
-        return answer('OK', bucket, box.space.sc_buckets:get(bucket), {seq = seq or box.NULL})
-    end)
+    return check(bucket, generation) or transit('recv_done', bucket, generation)
 end
 
 -- sc.bucket_recv_abort(bucket, generation): a copy receiving (or being deleted) at
@@ -518,30 +310,26 @@ function M.recv_abort(bucket, generation)
         return bad
     end
     local mark = util.atomic(function()
-        local t = box.space.sc_buckets:get(bucket)
+        local t = row(bucket)
         if t == nil then
             return {done = answer('OK', bucket, t, {deleted = 0})}
         end
-        if (t[STATUS] ~= 'receiving' and t[STATUS] ~= 'aborting') or t[GEN] > generation then
+        if (t[F.status] ~= BUCKET.RECEIVING and t[F.status] ~= BUCKET.ABORTING) or t[F.generation] > generation then
             return {done = refused(bucket, t, string.format('receiving at generation %d or lower', generation))}
         end
-        if t[STATUS] == 'receiving' then
-            set(bucket, 'aborting', t[GEN], t[PEER])
+        if t[F.status] == BUCKET.RECEIVING then
+            set(bucket, t, BUCKET.ABORTING, t[F.generation], t[F.peer])
         end
-        return {generation = t[GEN]}
+        return {generation = t[F.generation]}
     end)
     if mark.done ~= nil then
         return mark.done
     end
-    local deleted, held = purge(bucket, 'aborting', mark.generation)
+    local deleted, held = purge(bucket, BUCKET.ABORTING, mark.generation)
     if held then
-        util.atomic(function()
-            if is(box.space.sc_buckets:get(bucket), 'aborting', mark.generation) then
-                box.space.sc_buckets:delete(bucket)
-            end
-        end)
+        unset_if(bucket, BUCKET.ABORTING, mark.generation)
     end
-    return answer('OK', bucket, box.space.sc_buckets:get(bucket), {deleted = deleted, done = held})
+    return answer('OK', bucket, row(bucket), {deleted = deleted, done = held})
 end
 
 -- sc.bucket_rows(bucket, generation, space, after, limit): a page of the rows of a
@@ -552,11 +340,11 @@ end
 function M.rows(bucket, generation, space_name, after, limit)
     local count = buckets.count()
     if count == nil then
-        return NOT_SHARDED
+        return transitions.NOT_SHARDED
     end
-    local space = box.space[space_name]
-    if schema.F[space_name] == nil or schema.F[space_name].bucket == nil or space == nil then
-        return util.bad_request('space must be a sharded space')
+    local space, not_sharded = sharded_space(space_name)
+    if space == nil then
+        return not_sharded
     end
     limit = util.opt(limit, M.CHUNK_MAX)
     if type(limit) ~= 'number' or limit < 1 or limit > M.CHUNK_MAX then
@@ -565,23 +353,11 @@ function M.rows(bucket, generation, space_name, after, limit)
     if not util.writable() then
         return util.result('NOT_LEADER')
     end
-    local t = box.space.sc_buckets:get(bucket)
-    if not is(t, 'sending', generation) or quorum.is_pending('sc_buckets', bucket) then
+    local t = row(bucket)
+    if not is(t, BUCKET.SENDING, generation) or quorum.is_pending('sc_buckets', bucket) then
         return refused(bucket, t, string.format('sending at generation %d, committed', generation))
     end
-    local pk = pk_of(space)
-    local out, last = {}, box.NULL
-    after = util.opt(after, nil)
-    for _, row in space.index.by_bucket:pairs({bucket}, {iterator = 'EQ'}) do
-        if after == nil or pk:compare_with_key(row, after) > 0 then
-            if #out >= limit then
-                return util.result('OK', {rows = out, last = last, done = false})
-            end
-            table.insert(out, row)
-            last = pk:extract_key(row)
-        end
-    end
-    return util.result('OK', {rows = out, last = last, done = true})
+    return rows.page(bucket, space, util.opt(after, nil), limit)
 end
 
 return M
