@@ -14,22 +14,29 @@
 --   idempotency_key  writes only: apply once per key (smartcache.idempotency)
 -- Write procedures answer NOT_LEADER, doing nothing, when this instance may
 -- not write (read-only, or a leader whose lease is not proven).
+--
+-- The procedures come from api/, by how they are wrapped here:
+--   api/reads.lua     the service's reads (keyed ones wait for a pending write of their key)
+--   api/writes.lua    the service's writes (idempotency key, NOT_LEADER, WRITES_HELD), and
+--                     the procedures that wait before they answer
+--   api/operator.lua  the operators' procedures: failover, membership, buckets and their
+--                     moves, the digest
+-- This file wraps each kind, checks every routed call's bucket (ROUTE), grants, and
+-- registers.
 local log = require('log')
 local fiber = require('fiber')
-local sessions = require('smartcache.sessions')
-local coordination = require('smartcache.coordination')
-local events = require('smartcache.events')
-local stats = require('smartcache.stats')
-local digest = require('smartcache.digest')
-local idempotency = require('smartcache.idempotency')
-local failover = require('smartcache.failover')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local quorum = require('smartcache.quorum')
 local memory = require('smartcache.memory')
 local disk = require('smartcache.disk')
 local compat = require('smartcache.compat')
+local idempotency = require('smartcache.idempotency')
 local sharding = require('smartcache.sharding')
+-- The procedures, by how they are wrapped.
+local reads = require('smartcache.api.reads')
+local writes = require('smartcache.api.writes')
+local operator = require('smartcache.api.operator')
 
 local M = {}
 
@@ -45,106 +52,6 @@ for _, name in ipairs({'buckets_held', 'bucket_state', 'bucket_rows', 'bucket_se
                        'bucket_send_done', 'bucket_gc', 'bucket_recv_start', 'bucket_recv', 'bucket_recv_done',
                        'bucket_recv_abort'}) do
     M.OPERATOR_TOO['sc.' .. name] = true  -- the operator's moves, and the settler of every service instance
-end
-
-local function ping()
-    return util.result('OK', {time_ms = util.now_ms(), read_only = box.info.ro})
-end
-
--- Procedures that change data. Their answers may be stored under an idempotency key.
-local writes = {
-    session_create = sessions.create,
-    session_touch = sessions.touch,
-    session_update = sessions.update,
-    session_delete = sessions.delete,
-    session_rotate = sessions.rotate,
-    cache_put = sessions.cache_put,
-    cache_delete = sessions.cache_delete,
-    device_bind = sessions.device_bind,
-    prewarm_acquire = sessions.prewarm_acquire,
-    prewarm_complete = sessions.prewarm_complete,
-    prewarm_fail = sessions.prewarm_fail,
-    counter_add = coordination.counter_add,
-    counter_cas = coordination.counter_cas,
-    register_cas = coordination.register_cas,
-    sequence_reserve = coordination.sequence_reserve,
-    semaphore_release = coordination.semaphore_release,
-    semaphore_renew = coordination.semaphore_renew,
-    latch_create = coordination.latch_create,
-    latch_count_down = coordination.latch_count_down,
-    queue_put = coordination.queue_put,
-    queue_ack = coordination.queue_ack,
-    queue_release = coordination.queue_release,
-    event_publish = events.publish,
-}
-
--- Everything else: reads, waits, and reads that write only opportunistically
--- (session_get slides the deadline when it can, and answers the data when it cannot).
-local reads = {
-    ping = ping,
-    session_get = sessions.get,
-    session_locate = sessions.locate,  -- where a version 4 id lives (sharding); unrouted: asked of every shard
-    session_list = sessions.list,
-    cache_get = sessions.cache_get,
-    device_lookup = sessions.device_lookup,
-    prewarm_wait = sessions.prewarm_wait,
-    stats = stats.stats,
-    counter_get = coordination.counter_get,
-    register_get = coordination.register_get,
-    sequence_get = coordination.sequence_get,
-    semaphore_get = coordination.semaphore_get,
-    latch_get = coordination.latch_get,
-    queue_stats = coordination.queue_stats,
-    events_stats = events.stats,
-    digest = digest.digest,  -- operators: this instance's data, space by space (compare a follower with the leader)
-    -- Failover (smartcache.failover): what the service polls, and the operator's actions.
-    role = failover.role,
-    switchover = failover.switchover,
-    rejoin = failover.rejoin,
-    join_hold = failover.join_hold,  -- asked by an instance about to join (the replication user may call it)
-    -- Membership as data in etcd (smartcache.failover.membership): the leader changes it.
-    topology_init = failover.topology_init,
-    topology_add = failover.topology_add,
-    topology_remove = failover.topology_remove,
-    -- Sharding: a shard takes its buckets (the operator, at cluster init --shards).
-    buckets_init = sharding.buckets_init,
-    -- Moves of buckets between shards (smartcache.sharding.moves): each a checked transition of one bucket,
-    -- driven by the operator's command and by every service instance's settler.
-    buckets_held = sharding.buckets_held,
-    bucket_state = sharding.bucket_state,
-    bucket_rows = sharding.bucket_rows,
-    bucket_send_start = sharding.bucket_send_start,
-    bucket_send_abort = sharding.bucket_send_abort,
-    bucket_send_done = sharding.bucket_send_done,
-    bucket_gc = sharding.bucket_gc,
-    bucket_recv_start = sharding.bucket_recv_start,
-    bucket_recv = sharding.bucket_recv,
-    bucket_recv_done = sharding.bucket_recv_done,
-    bucket_recv_abort = sharding.bucket_recv_abort,
-}
-
--- Procedures that may wait (on a fiber.cond, outside any transaction) before
--- they answer. They get the call's deadline (ms, or nil) and idempotency key
--- (or nil) first, grant nothing after the deadline, check util.writable()
--- themselves before writing and write in short transactions of their own.
--- Not in `writes`: a yield inside the idempotency wrapper's transaction would
--- abort it; each says what a repeat does (the holder of an acquire, the key
--- of a take).
-local waits = {
-    semaphore_acquire = coordination.semaphore_acquire,
-    latch_await = coordination.latch_await,
-    queue_take = coordination.queue_take,
-    -- Writes in several transactions (batches), each checking util.writable(); the key is stored with the last.
-    session_delete_client = sessions.delete_client,
-    events_read = events.read,  -- a read that waits for the next commit; NOT_LEADER off the writable instance
-}
-
--- Only with SC_DEBUG_PROCEDURES=1 (tests): a deliberately slow procedure.
-if config.debug_procedures then
-    reads.debug_sleep = function(ms)
-        fiber.sleep((tonumber(ms) or 0) / 1000)
-        return util.result('OK', {slept_ms = ms})
-    end
 end
 
 -- Sharding (docs/design/sharding.md): what decides each procedure's bucket, from
@@ -252,16 +159,8 @@ local function counted(ok, res, ...)
     error(res)
 end
 
--- Single-key reads of guarded spaces: the space whose key is the first argument.
--- They wait for a pending write of that key (smartcache.quorum: no dirty reads,
--- compat.NO_MVCC_DIRTY_READS).
-local KEYED_READS = {session_get = 'sessions', device_lookup = 'device', counter_get = 'counters',
-                     register_get = 'registers', sequence_get = 'sequences', semaphore_get = 'semaphore_holders',
-                     latch_get = 'latches'}
-
 -- A wait inside a read ends config.ANSWER_MARGIN_S before the call's deadline,
 -- so that its answer reaches the service while the message still lives.
-
 local function wait_deadline_s(meta)
     local d = type(meta) == 'table' and meta.deadline_ms or meta
     if type(d) ~= 'number' then
@@ -299,21 +198,8 @@ local function read_procedure(name, fn, space_name)
     end
 end
 
--- Writes whose answer reads the key's current state (a compare-and-set's CONFLICT, a NOT_FOUND, the
--- value a counter reaches), by the space whose key is the first argument. Like the keyed reads they
--- wait until their key has no pending write (compat.NO_MVCC_DIRTY_READS): a CONFLICT answered against
--- a write that then rolled back names a revision that never existed (the fault suite's linearizability
--- check found one in partition-leader-followers). A write on top of a pending one needs no wait to be
--- right (it would roll back with it), only the answers that refuse need it; waiting for all keeps it
--- simple, and costs a write only the pending one's quorum wait.
-local KEYED_WRITES = {session_update = 'sessions', session_touch = 'sessions', session_delete = 'sessions',
-                      session_rotate = 'sessions', session_create = 'sessions', counter_add = 'counters',
-                      counter_cas = 'counters', register_cas = 'registers', sequence_reserve = 'sequences',
-                      latch_create = 'latches', latch_count_down = 'latches', device_bind = 'device',
-                      semaphore_release = 'semaphore_holders', semaphore_renew = 'semaphore_holders'}
-
 local function write_procedure(name, fn)
-    local space_name = compat.NO_MVCC_DIRTY_READS and KEYED_WRITES[name] or nil
+    local space_name = compat.NO_MVCC_DIRTY_READS and writes.KEYED[name] or nil
     return function(meta, ...)
         if past(meta) then
             return DEADLINE_EXCEEDED
@@ -363,14 +249,19 @@ local function wait_procedure(name, fn)
 end
 
 _G.sc = {}
-for name, fn in pairs(reads) do
-    _G.sc[name] = read_procedure(name, fn, KEYED_READS[name])
+for name, fn in pairs(reads.procedures) do
+    _G.sc[name] = read_procedure(name, fn, reads.KEYED[name])
 end
-for name, fn in pairs(writes) do
+for name, fn in pairs(writes.procedures) do
     _G.sc[name] = write_procedure(name, fn)
 end
-for name, fn in pairs(waits) do
+for name, fn in pairs(writes.waits) do
     _G.sc[name] = wait_procedure(name, fn)
+end
+-- The operators' procedures check their own preconditions: wrapped as a read of no key is
+-- (the deadline, the counted failures; none is routed).
+for name, fn in pairs(operator.procedures) do
+    _G.sc[name] = read_procedure(name, fn, nil)
 end
 
 M.names = {}

@@ -121,8 +121,8 @@ M.WORKAROUNDS = {
         why = 'no MVCC: a write waiting for its quorum is visible and may still roll back; single-key '
             .. 'reads and keyed writes wait for their key, event readers stop before the oldest unsettled event',
         issue = nil, fixed_in = nil,  -- memtx_use_mvcc_engine (2.6.1) with read-confirmed (2.10); not configured
-        where = 'quorum.lua (pending keys, wait_key), api.lua (KEYED_READS, KEYED_WRITES, WRITE_PENDING), '
-            .. 'events/log.lua (visible)',
+        where = 'quorum.lua (pending keys, wait_key), api.lua (WRITE_PENDING), api/reads.lua and api/writes.lua '
+            .. '(KEYED), events/log.lua (visible)',
         test = 'tests/integration/test_storage_answers.py (no dirty read), test_coordination_failover.py',
     },
     {
