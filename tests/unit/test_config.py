@@ -6,7 +6,7 @@ import pytest
 import zmq.auth
 
 from smartcache.server.config import DEFAULT_QUEUE_CAPACITY, DEFAULT_WORKERS, Settings, unknown_variables
-from smartcache.server.parsers import SettingsError
+from smartcache.settings import SettingsError
 
 
 def test_defaults_without_environment() -> None:

@@ -10,6 +10,10 @@ service's variable) it refuses to start (exit 2).
 Tarantool is asked as the operator user, like ``smartcache-cli cluster``:
 ``SMARTCACHE_OPERATOR_USER`` (default operator) and
 ``SMARTCACHE_OPERATOR_PASSWORD`` or ``_FILE`` (development default operator).
+
+The variables are read with the service's reader (smartcache.settings.Environment: a value is
+stripped, an empty one is unset, a secret comes from the variable or its ``_FILE``, never both),
+and every one that is wrong is named at once.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from smartcache.cli import etcd
-from smartcache.cli.cluster import Access
+from smartcache.ops import etcd
+from smartcache.ops.access import Access
+from smartcache.settings import Environment, SettingsError
 from smartcache.wire.ports import (
     CLUSTER_VARIABLE,
     CONSOLE_PORT,
@@ -33,9 +37,31 @@ from smartcache.wire.ports import (
     port_offset,
 )
 
+__all__ = [
+    "ANSWER_TIMEOUT_S",
+    "EXIT_BAD",
+    "LISTEN_VARIABLE",
+    "POLL_S",
+    "SCRAPE_S",
+    "SERVICES_VARIABLE",
+    "STORAGE_POLL_S",
+    "TOKEN_VARIABLES",
+    "WINDOW_S",
+    "Service",
+    "Settings",
+    "SettingsError",
+    "from_args",
+    "parse_listen",
+    "parse_service",
+    "parser",
+    "token_of",
+]
+
 LISTEN_VARIABLE = "SMARTCACHE_CONSOLE_LISTEN"
 SERVICES_VARIABLE = "SMARTCACHE_CONSOLE_SERVICES"
 TOKEN_VARIABLES = ("SMARTCACHE_CONSOLE_TOKEN", "SMARTCACHE_METRICS_TOKEN")
+#: the same without the prefix, as smartcache.settings.Environment names them
+_TOKENS = tuple(name.removeprefix("SMARTCACHE_") for name in TOKEN_VARIABLES)
 #: how often the page's parts are asked (the storage cluster four times as often, and the page polls twice a
 #: second: a new leader shows within about 0.75 s of its election), and how long one answer is waited for
 POLL_S = 1.0
@@ -45,10 +71,6 @@ ANSWER_TIMEOUT_S = 2.0
 SCRAPE_S = 3.0
 WINDOW_S = 15 * 60.0
 EXIT_BAD = 2
-
-
-class SettingsError(Exception):
-    """A setting the console cannot start with; the message says which and what to do."""
 
 
 @dataclass(frozen=True)
@@ -77,25 +99,15 @@ class Settings:
     window_s: float = WINDOW_S
 
 
-def _secret(env: Mapping[str, str], name: str) -> str:
-    """NAME, or the content of the file NAME_FILE names; both set is a mistake."""
-    path, value = env.get(name + "_FILE", "").strip(), env.get(name, "").strip()
-    if path and value:
-        raise SettingsError(f"{name} and {name}_FILE are both set: set one")
-    if not path:
-        return value
-    try:
-        return Path(path).read_text().strip()
-    except OSError as e:
-        raise SettingsError(f"{name}_FILE={path!r}: cannot read it ({e.strerror})") from None
-
-
-def token_of(env: Mapping[str, str]) -> str:
-    """The operator token: the console's own (or its file), else the metrics token (or its file)."""
-    for name in TOKEN_VARIABLES:
-        if token := _secret(env, name):
-            return token
-    return ""
+def token_of(env: Mapping[str, str] | Environment) -> str:
+    """The operator token: the console's own (or its file), else the metrics token (or its file); SettingsError
+    when one of them is set twice or its file cannot be read."""
+    r = env if isinstance(env, Environment) else Environment(env)
+    for name in _TOKENS:
+        if token := r.secret(name, ""):
+            break
+    r.check()
+    return token
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -159,13 +171,13 @@ def parser() -> argparse.ArgumentParser:
 
 def from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """The settings, or SettingsError naming what is wrong (production without a token included)."""
-    e = os.environ if env is None else env
+    r = Environment(os.environ if env is None else env)
     a = parser().parse_args(argv)
     host, port = parse_listen(a.listen)
     texts = a.service or [s for s in a.default_services.split(",") if s.strip()]
     services = tuple(parse_service(t, n) for n, t in enumerate(texts, 1))
-    token = token_of(e)
-    production = e.get("SMARTCACHE_ENV", "").strip() == "production"
+    token = token_of(r)
+    production = r.get("ENV", "", str) == "production"  # the service's variable; checked by the service
     if production and not token:
         raise SettingsError(
             "production (SMARTCACHE_ENV=production) needs the operator token: set SMARTCACHE_CONSOLE_TOKEN, "
@@ -173,12 +185,14 @@ def from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None =
         )
     access = Access(
         addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
-        user=e.get("SMARTCACHE_OPERATOR_USER") or "operator",
-        password=_secret(e, "SMARTCACHE_OPERATOR_PASSWORD") or "operator",
+        user=r.get("OPERATOR_USER", "operator", str),
+        password=r.secret("OPERATOR_PASSWORD", "operator"),
         timeout_s=a.timeout,
         etcd=etcd.endpoints_of(a.etcd),
         cluster=a.cluster,
     )
+    metrics_token = r.secret("METRICS_TOKEN", "")
+    r.check()
     return Settings(
         host=host,
         port=port,
@@ -186,7 +200,7 @@ def from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None =
         services=services,
         publishers=a.publishers,
         token=token,
-        metrics_token=_secret(e, "SMARTCACHE_METRICS_TOKEN"),
+        metrics_token=metrics_token,
         production=production,
         answer_timeout_s=a.timeout,
         scrape_s=a.scrape_s,

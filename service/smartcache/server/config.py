@@ -6,7 +6,9 @@ its range and its meaning are listed in docs/configuration.md.
 Every value is checked here, at start, so that a bad one stops the service with
 one ``bad_settings`` line naming the variable, rather than a traceback from
 deep inside ZeroMQ, prometheus_client or the storage connector later. Every
-bad variable is reported at once, so one restart fixes them all.
+bad variable is reported at once, so one restart fixes them all: the reader
+(`smartcache.settings.Environment`) and the parsers of common values are the
+ones the console reads its variables with.
 """
 
 from __future__ import annotations
@@ -15,36 +17,38 @@ import dataclasses
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from smartcache.server.parsers import (
-    SettingsError,
-    parse_bool,
     parse_bulkheads,
-    parse_cluster_name,
     parse_data_types,
     parse_directory,
+    parse_instance_id,
+    parse_log_level,
+    parse_max_ages,
+    parse_secret_key_file,
+    parse_template,
+    zmq_endpoint,
+)
+from smartcache.settings import (
+    PREFIX,
+    Environment,
+    SettingsError,
+    parse_bool,
+    parse_cluster_name,
     parse_environment,
     parse_etcd_endpoints,
     parse_host,
     parse_host_port_list,
     parse_http_url,
-    parse_instance_id,
     parse_integer,
-    parse_log_level,
-    parse_max_ages,
     parse_port,
     parse_seconds,
-    parse_secret_key_file,
-    parse_template,
-    zmq_endpoint,
 )
 from smartcache.wire import REGISTRY, ports
 
-PREFIX = "SMARTCACHE_"
 DEFAULT_LISTEN = f"tcp://127.0.0.1:{ports.LISTEN_PORT}"
 #: the events PUB socket (issue 16); "none" turns the publisher off
 DEFAULT_EVENTS_LISTEN = f"tcp://127.0.0.1:{ports.EVENTS_PORT}"
@@ -112,8 +116,8 @@ class Settings:
     listen: str = DEFAULT_LISTEN
     #: the instances to start with (with discovery: until etcd first answers; empty if not given)
     tarantool: tuple[str, ...] = (DEFAULT_TARANTOOL,)
-    #: discovery (service/smartcache/server/storage/discovery.py): etcd's client URLs and the cluster's name (SC_CLUSTER);
-    #: both set or neither
+    #: discovery (service/smartcache/server/storage/discovery.py): etcd's client URLs and the cluster's name
+    #: (SC_CLUSTER); both set or neither
     etcd: tuple[str, ...] = ()
     cluster: str = ""
     tarantool_user: str = "smartcache"
@@ -191,63 +195,26 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read SMARTCACHE_* variables; raises SettingsError naming every bad one."""
-        r = _Env(os.environ if env is None else env)
+        r = Environment(os.environ if env is None else env)
         settings = _build(r)
-        if r.errors:
-            raise SettingsError("; ".join(r.errors))
+        r.check()
         return settings
+
+
+#: the reader the settings are built with (tests/unit/test_docs.py builds them with an empty one to list every
+#: variable the service reads)
+_Env = Environment
 
 
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
     """SMARTCACHE_* variables nobody reads: most likely a typo worth a warning."""
     e = os.environ if env is None else env
-    r = _Env(e)
+    r = Environment(e)
     _build(r)
     return sorted(n for n in e if n.startswith(PREFIX) and n not in r.read and n not in OTHER_PROGRAMS_VARIABLES)
 
 
-T = TypeVar("T")
-
-
-class _Env:
-    """Reads SMARTCACHE_* variables; a bad value is recorded (named) and replaced by its default."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self.env = env
-        self.errors: list[str] = []
-        self.read: set[str] = set()
-
-    def secret(self, name: str, default: str) -> str:
-        """SMARTCACHE_<name>, or the content of the file named by SMARTCACHE_<name>_FILE (Docker secrets)."""
-        path = self.get(name + "_FILE", "", str)
-        value = self.get(name, "", str)
-        if path and value:
-            self.fail(f"{PREFIX}{name} and {PREFIX}{name}_FILE are both set: set one")
-        if not path:
-            return value or default
-        try:
-            return Path(path).read_text().strip()
-        except OSError as e:
-            self.fail(f"{PREFIX}{name}_FILE={path!r}: cannot read it ({e.strerror})")
-            return default
-
-    def get(self, name: str, default: T, parse: Callable[[str], T]) -> T:
-        """The parsed value of SMARTCACHE_<name>; unset or empty means default."""
-        self.read.add(PREFIX + name)
-        raw = self.env.get(PREFIX + name, "").strip()
-        if not raw:
-            return default
-        try:
-            return parse(raw)
-        except (SettingsError, ValueError) as e:
-            self.errors.append(f"{PREFIX}{name}={raw!r}: {e}")
-            return default
-
-    def fail(self, message: str) -> None:
-        self.errors.append(message)
-
-
-def _build(r: _Env) -> Settings:
+def _build(r: Environment) -> Settings:
     workers = r.get("WORKERS", DEFAULT_WORKERS, parse_integer(1))
     backend_url = r.get("BACKEND_URL", DEFAULT_BACKEND_URL, parse_http_url)
     backend_timeout_s = r.get("BACKEND_TIMEOUT_S", DEFAULT_BACKEND_TIMEOUT_S, parse_seconds(0.01))
@@ -306,7 +273,7 @@ def _build(r: _Env) -> Settings:
     return settings
 
 
-def _discovery(r: _Env) -> tuple[tuple[str, ...], str]:
+def _discovery(r: Environment) -> tuple[tuple[str, ...], str]:
     """SMARTCACHE_CLUSTER turns discovery on and needs SMARTCACHE_ETCD. SMARTCACHE_ETCD alone is the CLI's
     (smartcache-cli cluster status): the service then keeps to SMARTCACHE_TARANTOOL, as before."""
     raw_etcd = r.get(ports.ETCD_VARIABLE.removeprefix(PREFIX), "", str)
@@ -332,7 +299,7 @@ def _is_local(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _check_security(r: _Env, s: Settings) -> None:
+def _check_security(r: Environment, s: Settings) -> None:
     """CURVE needs both its files; production mode refuses every development default (SECURITY.md)."""
     if bool(s.curve_secret_key_file) != bool(s.curve_clients_dir):
         r.fail(f"{PREFIX}CURVE_SECRET_KEY_FILE and {PREFIX}CURVE_CLIENTS_DIR go together: set both or neither")

@@ -67,13 +67,14 @@ from prometheus_client.metrics_core import Metric
 
 from smartcache import __version__
 from smartcache.server.broker.broker import FLUSH_LINGER_MS, FRONTEND_RCVHWM, FRONTEND_SNDHWM, OVERSIZE_MARGIN_BYTES
-from smartcache.server.config import PREFIX, Settings
+from smartcache.server.config import Settings
 from smartcache.server.deadlines import JOIN_MARGIN_S
 from smartcache.server.metrics import PREFIX as METRICS_PREFIX
 from smartcache.server.metrics import probe_answer, serve_http
 from smartcache.server.metrics_union import PROCESS_LABEL, exposition, union
-from smartcache.server.parsers import SettingsError, zmq_endpoint
+from smartcache.server.parsers import zmq_endpoint
 from smartcache.server.socketthread import SocketThread
+from smartcache.settings import PREFIX, SettingsError
 
 log = structlog.get_logger("processes")
 
