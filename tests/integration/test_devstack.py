@@ -21,23 +21,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from smartcache.devstack.stack import (
+from smartcache.devstack.logtail import LogTail
+from smartcache.devstack.plan import (
     DEFAULT_EVENTS_PORT,
     DEFAULT_LISTEN_PORT,
     DEFAULT_PORTS,
     MAX_PORT_OFFSET,
     BadEnvironment,
-    LogTail,
     Plan,
-    Recorded,
-    ephemeral_range,
-    free_port,
-    listens,
-    port_holders,
-    port_is_free,
-    settle_shards,
-    tcp_states,
 )
+from smartcache.devstack.shards import Recorded, settle_shards
+from smartcache.devstack.sockets import ephemeral_range, free_port, listens, port_holders, port_is_free, tcp_states
 from tests.helpers import eventually
 
 PORT_VARIABLES = tuple(DEFAULT_PORTS)

@@ -21,16 +21,14 @@ from typing import Any
 
 import pytest
 
-from smartcache.devstack.stack import (
+from smartcache.devstack.plan import (
     DEFAULT_EVENTS_PORT,
     DEFAULT_LISTEN_PORT,
     DEFAULT_PORTS,
     MAX_PORT_OFFSET,
     SHARD_PORT_STEP,
-    ephemeral_range,
-    listens,
-    port_is_free,
 )
+from smartcache.devstack.sockets import ephemeral_range, listens, port_is_free
 from smartcache.wire.buckets import bucket_of
 from tests.helpers import eventually
 

@@ -8,33 +8,34 @@ fault suite gives each member a network namespace and an address of its own).
 A member restarted on its data dir rejoins the cluster by itself (etcd ignores
 the initial-cluster flags once it has data).
 
-Built on `smartcache.devstack.stack.Child`: stopped by its PID, and gone when we are
+Built on `smartcache.devstack.child.Child`: stopped by its PID, and gone when we are
 (PR_SET_PDEATHSIG). Its life is bounded as well: each member runs under
 coreutils `timeout`, which ends it after `lifetime_s` even if every stop path
 were missed. `Etcd.pid` is the `timeout` process's; `Etcd.etcd_pid` is etcd's
 own PID (the child of `timeout`), for tests that kill or freeze a member.
 
 Who leads and who is a member are read from the members themselves through
-the v3 JSON gateway (``/v3/maintenance/status``, ``/v3/cluster/member/list``):
-the same answers ``smartcache-cli cluster status`` shows.
+the v3 JSON gateway (``/v3/maintenance/status``, ``/v3/cluster/member/list``)
+with the one etcd client (smartcache.ops.etcd, its blocking face): the same
+answers ``smartcache-cli cluster status`` shows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smartcache.devstack.stack import POLL_S, READY_TIMEOUT_S, Child, NotReady, Stop, free_port
+from smartcache.devstack.child import POLL_S, READY_TIMEOUT_S, Child, NotReady, Stop
+from smartcache.devstack.sockets import free_port
+from smartcache.ops.etcd import Call, ask_one
+from smartcache.ops.etcd.core import HEALTH, healthy
 
 DEFAULT_LIFETIME_S = 3600
 #: members of a cluster created without saying how many (a majority survives one lost member)
@@ -115,12 +116,7 @@ class Etcd(Child):
 
     def healthy(self) -> bool:
         """GET /health says true: this member has a leader and answers a linearizable read."""
-        with (
-            contextlib.suppress(OSError, ValueError),
-            urllib.request.urlopen(self.url + "/health", timeout=ASK_TIMEOUT_S) as r,  # noqa: S310 - our own child
-        ):
-            return b'"health":"true"' in r.read()
-        return False
+        return healthy(ask_one(self.url, HEALTH, ASK_TIMEOUT_S))
 
     def status(self) -> dict[str, Any] | None:
         """This member's /v3/maintenance/status (leader, raftTerm, version...); None when it does not answer."""
@@ -351,17 +347,4 @@ class EtcdCluster:
 
 def ask(url: str, path: str, body: dict[str, Any] | None = None, timeout_s: float = ASK_TIMEOUT_S) -> Any:
     """POST a JSON body (default {}) to a member's gateway; the decoded answer, None when it does not answer."""
-    try:
-        return json.loads(post_json(url + path, json.dumps(body or {}).encode(), timeout_s))
-    except (OSError, ValueError):
-        return None
-
-
-def post_json(url: str, body: bytes, timeout_s: float = 2.0) -> bytes:
-    """POST to etcd's JSON gateway; returns the raw answer (tests decode it)."""
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")  # noqa: S310
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310 - our own child
-            return bytes(r.read())
-    except urllib.error.HTTPError as e:
-        return bytes(e.read())
+    return ask_one(url, Call(path, body or {}), timeout_s)

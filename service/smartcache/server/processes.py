@@ -25,12 +25,15 @@ CURVE is refused with ``--processes`` above 1 (config.py): a proxy in C cannot c
 key, which decides what it may send (security.py), to the child, and a Python proxy would cost the
 core we came for.
 
-A child that dies is logged (``process_died``) and started again after a delay that doubles from
+The children are supervised by make run's supervisor (smartcache.supervision, the one supervisor):
+a child that dies is logged (``process_died``) and started again after a delay that doubles from
 ``RESTART_DELAY_S`` to ``MAX_RESTART_DELAY_S`` while it keeps dying young (up for less than
-``STABLE_AFTER_S``); the others keep serving meanwhile. Restarting rather than stopping the parent:
-one bad process must not take the host's endpoint down. Children get ``PR_SET_PDEATHSIG`` (SIGTERM):
-a parent killed by -9 leaves none behind. The kernel sends it when the *thread* that forked the
-child ends, so every child is started from the main thread.
+``STABLE_AFTER_S``), never given up; the others keep serving meanwhile. Restarting rather than
+stopping the parent: one bad process must not take the host's endpoint down. Children get
+``PR_SET_PDEATHSIG`` (SIGTERM): a parent killed by -9 leaves none behind. The kernel sends it when
+the *thread* that forked the child ends, so every child is started from the main thread. The
+parent takes SIGTERM, SIGINT, SIGHUP (passed on to every child) and SIGCHLD with ``sigtimedwait``,
+blocked before its first thread starts, never in a handler (supervision/signals.py says why).
 
 Stop (SIGTERM, SIGINT), in this order: every child gets SIGTERM and drains as one process does; the
 parent waits for them up to their drain timeout and a margin (then SIGKILL, logged); then the proxy
@@ -43,19 +46,16 @@ The parent's metrics port serves the union of the children's ``/metrics`` (metri
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ from smartcache.server.metrics_union import PROCESS_LABEL, exposition, union
 from smartcache.server.parsers import zmq_endpoint
 from smartcache.server.socketthread import SocketThread
 from smartcache.settings import PREFIX, SettingsError
+from smartcache.supervision import Child, Event, RestartPolicy, Signals, Supervisor, stop_together
 
 log = structlog.get_logger("processes")
 
@@ -84,6 +85,10 @@ RESTART_DELAY_S = 0.5
 MAX_RESTART_DELAY_S = 10.0
 #: a child up this long before it died is restarted after RESTART_DELAY_S again
 STABLE_AFTER_S = 30.0
+#: never given up: one bad process must not take the host's endpoint down
+RESTART = RestartPolicy(
+    delay_s=RESTART_DELAY_S, max_delay_s=MAX_RESTART_DELAY_S, stable_after_s=STABLE_AFTER_S, max_deaths=None
+)
 #: beyond the children's own drain timeout and join margin, before they are killed at a stop
 STOP_MARGIN_S = 5.0
 SUPERVISE_EVERY_S = 0.2
@@ -102,8 +107,6 @@ SETTLE_TIMEOUT_S = 5.0
 #: zmq.proxy_steerable's STATISTICS: (frontend, backend) x (messages in, bytes in, messages out, bytes out)
 STAT_FRONTEND_MSG_OUT = 2
 STAT_BACKEND_MSG_IN = 4
-PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls it
 
 
 class StartError(Exception):
@@ -111,20 +114,26 @@ class StartError(Exception):
 
 
 @dataclass
-class Child:
-    """One service process: where it listens, its process and how it announced itself."""
+class ServiceProcess(Child):
+    """One service process: a supervised child, where it listens and how it announced itself."""
 
-    index: int
-    announce: Path
-    proc: subprocess.Popen[bytes] | None = None
+    index: int = 0
+    announce: Path = field(default_factory=Path)
     metrics_port: int = 0
-    started_at: float = 0.0
     restarts: int = 0
-    delay_s: float = RESTART_DELAY_S
-    restart_at: float | None = None
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    @classmethod
+    def create(cls, index: int, announce: Path, env: dict[str, str]) -> ServiceProcess:
+        argv = [sys.executable, "-m", "smartcache.server", "--process-index", str(index), "--announce", str(announce)]
+        # its whole environment given; its own process group: a Ctrl-C reaches the parent only, which stops the
+        # children in order; its output is the parent's
+        return cls(name=f"process-{index}", argv=argv, env=env, replace_env=True, new_session=False, index=index,
+                   announce=announce)  # fmt: skip
+
+    def start(self) -> None:
+        self.announce.unlink(missing_ok=True)
+        self.metrics_port = 0
+        super().start()
 
     def announced(self) -> bool:
         """Whether it is up: bound, with its metrics port written to its announce file."""
@@ -151,17 +160,6 @@ class Child:
             return 0, b""
         finally:
             conn.close()
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """preexec_fn: SIGTERM when the parent dies, and at once if it died already (between fork and here)."""
-
-    def preexec() -> None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 class Proxy(SocketThread):
@@ -318,7 +316,13 @@ class Processes:
         self.dir = Path(tempfile.mkdtemp(prefix="smartcache-processes-"))  # mode 0700
         #: where the proxy's DEALER listens and every child connects
         self.backend = zmq_endpoint(f"ipc://{self.dir}/proxy.sock")
-        self.children = [Child(index=i, announce=self.dir / f"{i}.json") for i in range(settings.processes)]
+        self.children = [
+            ServiceProcess.create(i, self.dir / f"{i}.json", child_env(self._env, settings, i, self.backend))
+            for i in range(settings.processes)
+        ]
+        self.supervisor = Supervisor(report=self._report, policy=RESTART)
+        for c in self.children:
+            self.supervisor.add(c)
         self.context: zmq.Context[Any] = zmq.Context()
         self.proxy = Proxy(
             context=self.context,
@@ -352,14 +356,15 @@ class Processes:
             self.proxy.start()
         except zmq.ZMQError as e:
             raise StartError(f"the processes' endpoint {self.backend}: {e.strerror}") from e
-        for c in self.children:
-            self._spawn(c)
+        for c in self.children:  # from the main thread (PR_SET_PDEATHSIG)
+            c.start()
         deadline = time.monotonic() + CHILD_START_TIMEOUT_S
         for c in self.children:
             while not c.announced():
                 if not c.alive():
-                    code = c.proc.returncode if c.proc is not None else None
-                    raise StartError(f"process {c.index} exited with {code} before it started (its log says why)")
+                    raise StartError(
+                        f"process {c.index} exited with {c.returncode} before it started (its log says why)"
+                    )
                 if time.monotonic() > deadline:
                     raise StartError(f"process {c.index} did not start within {CHILD_START_TIMEOUT_S:g} s")
                 time.sleep(0.02)
@@ -389,51 +394,37 @@ class Processes:
 
     def supervise(self) -> None:
         """One pass (main thread only: see PR_SET_PDEATHSIG above): log the dead, start them again when due."""
-        now = time.monotonic()
+        self.supervisor.step()
         for c in self.children:
-            if c.restart_at is None and c.proc is not None and c.proc.poll() is not None:
-                up_s = now - c.started_at
-                if up_s >= STABLE_AFTER_S:
-                    c.delay_s = RESTART_DELAY_S
-                c.restart_at = now + c.delay_s
-                log.error(
-                    "process_died",
-                    process=c.index,
-                    pid=c.proc.pid,
-                    returncode=c.proc.returncode,
-                    up_s=round(up_s, 3),
-                    restart_in_s=c.delay_s,
-                )
-                c.delay_s = min(c.delay_s * 2, MAX_RESTART_DELAY_S)
-            if c.restart_at is not None and now >= c.restart_at:
-                c.restart_at = None
-                c.restarts += 1
-                self._restarts.labels(str(c.index)).inc()
-                self._spawn(c)
-                log.info("process_restarted", process=c.index, pid=c.proc.pid if c.proc else None)
-            else:
-                c.announced()  # a restarted one's metrics port, once it is up
+            c.announced()  # a restarted one's metrics port, once it is up
+
+    def _report(self, e: Event) -> None:
+        c = e.child
+        assert isinstance(c, ServiceProcess)
+        if e.kind == "died":
+            log.error(
+                "process_died",
+                process=c.index,
+                pid=e.pid,
+                returncode=e.returncode,
+                up_s=round(e.up_s, 3),
+                restart_in_s=e.restart_in_s,
+            )
+        elif e.kind == "restarted":
+            c.restarts += 1
+            self._restarts.labels(str(c.index)).inc()
+            log.info("process_restarted", process=c.index, pid=e.pid)
 
     def signal_all(self, sig: int) -> None:
         """Send a signal to every child that runs, by its PID."""
         for c in self.children:
-            if c.alive() and c.proc is not None:
-                c.proc.send_signal(sig)
+            c.send_signal(sig)
 
     def stop(self) -> None:
         """Drain the children, then the proxy (deliberate order: their last answers pass through it)."""
         self.stopping = True
-        self.signal_all(signal.SIGTERM)  # 1. each child drains: what it holds is answered
-        deadline = time.monotonic() + self.settings.drain_timeout_s + 2 * JOIN_MARGIN_S + STOP_MARGIN_S
-        for c in self.children:
-            if c.proc is None:
-                continue
-            try:
-                c.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.error("process_killed", process=c.index, pid=c.proc.pid, reason="did not stop in time")  # noqa: TRY400 - a timeout, no traceback to show
-                c.proc.kill()
-                c.proc.wait()
+        # 1. each child drains (SIGTERM): what it holds is answered
+        stop_together(self.children, self.settings.drain_timeout_s + 2 * JOIN_MARGIN_S + STOP_MARGIN_S, self._killed)
         if self.proxy.is_alive():  # 2. the proxy, once their last answers are through; its frontend lingers
             self.proxy.drain_and_stop(SETTLE_TIMEOUT_S)
             self.proxy.join(FLUSH_LINGER_MS / 1000 + JOIN_MARGIN_S)
@@ -444,16 +435,9 @@ class Processes:
             self._http.server_close()
         log.info("processes_stopped")
 
-    def _spawn(self, c: Child) -> None:
-        c.announce.unlink(missing_ok=True)
-        c.metrics_port = 0
-        c.started_at = time.monotonic()
-        c.proc = subprocess.Popen(
-            [sys.executable, "-m", "smartcache.server", "--process-index", str(c.index), "--announce", str(c.announce)],
-            env=child_env(self._env, self.settings, c.index, self.backend),
-            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - one ctypes call and getppid, no locks
-            process_group=0,  # a Ctrl-C reaches the parent only, which stops the children in order
-        )
+    @staticmethod
+    def _killed(c: Child) -> None:
+        log.error("process_killed", process=getattr(c, "index", None), pid=c.pid, reason="did not stop in time")
 
     # -- the one view of the host ---------------------------------------------
 
@@ -514,7 +498,12 @@ def child_env(env: Mapping[str, str], settings: Settings, index: int, endpoint: 
 
 
 def run(settings: Settings, env: Mapping[str, str], *, stop: threading.Event, reload: threading.Event) -> int:
-    """The parent in the foreground until stop is set: 0 after a stop, 1 when it cannot start or the proxy dies."""
+    """The parent in the foreground until SIGTERM or SIGINT (or stop set): 0 after a stop, 1 when it cannot start
+    or the proxy dies. SIGHUP (or reload set) is passed on to every child."""
+    # Before any thread starts (the proxy's, the HTTP server's, ZeroMQ's): they inherit the mask, and the signals
+    # wait for the loop's sigtimedwait. stop and reload are set by app.py's handlers only for a signal that came
+    # before this line; the loop never waits on them (a handler running inside that wait hung make run once).
+    signals = Signals(reload=True).block()
     try:
         parent = Processes(settings=settings, env=env)
     except (SettingsError, OSError) as e:  # the private directory: not made, or its ipc paths too long
@@ -526,8 +515,8 @@ def run(settings: Settings, env: Mapping[str, str], *, stop: threading.Event, re
         log.error("start_failed", error=str(e))  # noqa: TRY400 - the message says it all
         parent.stop()
         return 1
-    while not stop.wait(SUPERVISE_EVERY_S):
-        if reload.is_set():
+    while not signals.wait(SUPERVISE_EVERY_S) and not stop.is_set():  # a SIGCHLD wakes it at once
+        if signals.take_reloads() or reload.is_set():
             reload.clear()
             parent.signal_all(signal.SIGHUP)
         parent.supervise()
