@@ -6,7 +6,8 @@
 --   vclock.lua       vclock maths: clean, compare, election order, the key's baseline
 --   instance.lua     one instance's state, status() with the last decision of each loop, the fibers
 --   lease.lua        lease and fencing: lease_step, guard_step, proven_deadline, hold/resume writes
---   election.lua     control_step: read the key, elect, promote, publish
+--   control.lua      control_step: read the key; follow, elect or promote; publish
+--   election.lua     the election when the key is free, the promotion when it is ours
 --   watch.lua        the WAL disk, the upstream, following, divergence
 --   sync_quorum.lua  the leader's synchronous quorum and its raise
 --   switchover.lua   planned hand-over (sc.switchover)

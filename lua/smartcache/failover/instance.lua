@@ -5,8 +5,8 @@
 --   lease    grant / keep alive the lease; fence when it is lost  (lease.lua)
 --   guard    fence once the deadline passes (lease.lua); set the synchronous
 --            quorum (sync_quorum.lua); end a join hold (join_hold.lua)
---   control  read the leader key; follow, elect, promote (election.lua, watch.lua);
---            publish our member record (here)
+--   control  read the leader key; follow, elect, promote (control.lua, election.lua,
+--            watch.lua); publish our member record (here)
 -- Each step runs alone against an injected clock, etcd client and box adapter
 -- (tests/lua/failover_test.lua).
 local clock = require('clock')
@@ -16,6 +16,7 @@ local json = require('json')
 local vclock = require('smartcache.failover.vclock')
 local lease = require('smartcache.failover.lease')
 local election = require('smartcache.failover.election')
+local control = require('smartcache.failover.control')
 local watch = require('smartcache.failover.watch')
 local sync_quorum = require('smartcache.failover.sync_quorum')
 local switchover = require('smartcache.failover.switchover')
@@ -274,7 +275,7 @@ function F:status()
 end
 
 -- The concept modules' methods, each name defined once (here or there).
-for _, concept in ipairs({lease, election, watch, sync_quorum, switchover, join_hold, terms, rejoin, topology,
+for _, concept in ipairs({lease, control, election, watch, sync_quorum, switchover, join_hold, terms, rejoin, topology,
                           membership}) do
     for method, fn in pairs(concept.methods) do
         assert(F[method] == nil, 'failover: two modules define ' .. method)
