@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from smartcache.devstack import loglines
 from smartcache.devstack.logtail import LogTail
 from smartcache.devstack.plan import (
     DEFAULT_EVENTS_PORT,
@@ -286,6 +287,41 @@ def test_the_tail_renders_our_json_tarantool_json_and_plain_lines() -> None:
     assert "ready" in tarantool
     assert "fiber_id" not in tarantool
     assert tail.render("Traceback (most recent call last):") == "Traceback (most recent call last):"
+
+
+def test_the_tail_shows_routine_lines_at_their_weight_and_keeps_every_other_error() -> None:
+    """Tarantool's CRITICAL "leaving orphan mode" and etcd's "E |" while a peer starts or stops are routine: shown
+    at their weight, with the level they were logged at and why; every other error stays one."""
+    orphan = loglines.parse(
+        '{"timestamp": "2026-12-06T17:29:35.900Z", "level": "critical", "event": "leaving orphan mode"}'
+    )
+    assert orphan is not None
+    assert (orphan["level"], orphan["logged_as"], orphan["timestamp"]) == ("info", "critical", "17:29:35.900")
+    assert "replication connected" in orphan["why"]
+    entering = loglines.parse('{"level": "critical", "event": "entering orphan mode"}')
+    assert entering is not None
+    assert (entering["level"], "logged_as" in entering) == ("critical", False)
+    dial = loglines.parse(
+        "2026-12-06 17:29:41.958950 E | rafthttp: failed to dial 1b4dd640a2c47188 on stream MsgApp v2"
+        " (peer 1b4dd640a2c47188 failed to find local node 4e2b12bb45d8dfba)"
+    )
+    assert dial is not None
+    assert (dial["level"], dial["logged_as"], dial["logger"], dial["timestamp"]) == (
+        "warning",
+        "error",
+        "rafthttp",
+        "17:29:41.958",
+    )
+    real = loglines.parse("2026-12-06 17:29:41.958950 E | etcdserver: publish error: etcdserver: request timed out")
+    assert real is not None
+    assert (real["level"], "logged_as" in real) == ("error", False)
+    raft = loglines.parse("raft2026/12/06 17:29:20 INFO: 4e2b12bb45d8dfba became follower at term 0")
+    assert raft is not None
+    assert (raft["level"], raft["logger"]) == ("info", "raft")
+    assert loglines.parse("Traceback (most recent call last):") is None
+    shown = LogTail(sys.stdout).render('{"level": "critical", "event": "leaving orphan mode"}')
+    assert "logged_as" in shown
+    assert "critical" in shown  # said, never hidden
 
 
 def _time_wait(port: int, *, server_side: bool) -> None:

@@ -1,26 +1,24 @@
 """The coloured tail of all the stack's logs, on a terminal: one line each, structlog's console renderer.
 
-Each child's log is followed from its ``run_started`` marker; our JSON lines and Tarantool's are
-rendered alike (Tarantool's keys mapped to structlog's), anything else shown as is. make run's own
-lines and its banner are printed between two polls, so lines never interleave.
+Each child's log is followed from its ``run_started`` marker; our JSON lines, Tarantool's and etcd's
+are rendered alike, the routine lines logged above their weight shown for what they are
+(loglines.py), anything else shown as is. make run's own lines and its banner are printed between
+two polls, so lines never interleave.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any, TextIO
 
 import structlog
 
+from smartcache.devstack import loglines
 from smartcache.devstack.child import Child
 
 TAIL_POLL_S = 0.2
 TAIL_JOIN_TIMEOUT_S = 2.0
 
-#: Tarantool's JSON log keys -> structlog's; the rest of its fields are noise on a terminal
-_TARANTOOL_KEYS = {"time": "timestamp", "message": "event"}
-_NOISE = ("pid", "cord_name", "fiber_id", "fiber_name", "file", "line")
 _NAME_COLOURS = ("\x1b[36m", "\x1b[35m", "\x1b[33m", "\x1b[32m", "\x1b[34m")
 _RESET = "\x1b[0m"
 
@@ -89,18 +87,9 @@ class LogTail:
             self.out.flush()
 
     def render(self, line: str) -> str:
-        """A JSON log line (ours or Tarantool's) as one readable, coloured line; anything else as is."""
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            return line
-        if not isinstance(doc, dict):
-            return line
-        event: dict[str, Any] = {_TARANTOOL_KEYS.get(str(k), str(k)): v for k, v in doc.items() if k not in _NOISE}
-        event["level"] = str(event.get("level", "info")).lower()
-        event["timestamp"] = str(event.get("timestamp", ""))[11:23]  # the time of day is enough here
-        event.setdefault("event", "")
-        return str(self._renderer(None, "", event))
+        """A log line (ours, Tarantool's, etcd's) as one readable, coloured line; anything else as is."""
+        event = loglines.parse(line)
+        return line if event is None else str(self._renderer(None, "", event))
 
 
 def print_banner(lines: list[tuple[str, str]], out: TextIO) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from smartcache.devstack.child import Child, NotReady, http_status
-from smartcache.devstack.etcd import EtcdCluster
+from smartcache.devstack.etcd import Etcd, EtcdCluster
 from smartcache.devstack.logtail import LogTail, print_banner
 from smartcache.devstack.plan import CLUSTER, ETCD_LIFETIME_S, INSTANCES, SHARDS_VARIABLE, BadEnvironment, Plan
 from smartcache.devstack.shards import read_recorded, seed_shards, seed_topology, settle_shards
@@ -255,20 +255,20 @@ def banner(stack: Stack, leaders: list[Tarantool]) -> list[tuple[str, str]]:
     assert console is not None
     etcd_leader = etcd.leader()
     return [
-        ("service (ZeroMQ)", f"{plan.listen}  log {service.log_path}"),
+        ("service (ZeroMQ)", f"{plan.listen}  pid {service.pid}  log {service.log_path}"),
         ("service metrics", f"{metrics_url}/metrics  health {metrics_url}/health/ready"),
         ("service events (PUB)", f"{plan.events_listen}  smartcache-cli events tail"),
         *(
             (
                 f"{t.name}{' (leader)' if t in leaders else ''}",
-                f"{t.address}  http {t.http_url}  log {t.log_path}",
+                f"{t.address}  http {t.http_url}  pid {t.pid}  log {t.log_path}",
             )
             for t in stack.instances
         ),
         *(
             (
                 f"{m.name}{' (etcd leader)' if m is etcd_leader else ''}",
-                f"{m.url}  peer {m.peer_url}  log {m.log_path}",
+                f"{m.url}  peer {m.peer_url}  pid {_etcd_pid(m)}  log {m.log_path}",
             )
             for m in etcd.members
         ),
@@ -279,13 +279,24 @@ def banner(stack: Stack, leaders: list[Tarantool]) -> list[tuple[str, str]]:
             else []
         ),
         ("cluster", ".venv/bin/smartcache-cli cluster status"),
-        ("operator console", f"http://127.0.0.1:{p['SMARTCACHE_CONSOLE_PORT']}/  log {console.log_path}"),
-        ("simulated backend", f"http://127.0.0.1:{p['BACKEND_PORT']}  log {backend.log_path}"),
+        (
+            "operator console",
+            f"http://127.0.0.1:{p['SMARTCACHE_CONSOLE_PORT']}/  pid {console.pid}  log {console.log_path}",
+        ),
+        ("simulated backend", f"http://127.0.0.1:{p['BACKEND_PORT']}  pid {backend.pid}  log {backend.log_path}"),
         ("try", f".venv/bin/smartcache-cli --endpoint {plan.listen} ping"),
         (
             "a child that dies",
-            f"is restarted (a Tarantool instance after {TARANTOOL_RESTART.delay_s:g} s, the failover's time);"
-            f" {RESTART.max_deaths} deaths within {RESTART.window_s:g} s stop all",
+            f"is restarted (a Tarantool instance after {TARANTOOL_RESTART.delay_s:g} s, the failover's time) and"
+            f" its new pid said; {RESTART.max_deaths} deaths within {RESTART.window_s:g} s stop all",
         ),
         ("ready; stop with", "Ctrl-C"),
     ]
+
+
+def _etcd_pid(member: Etcd) -> int:
+    """etcd's own PID (what a kill -9 of the member names), else its `timeout` wrapper's."""
+    try:
+        return member.etcd_pid
+    except (RuntimeError, OSError):
+        return member.pid
