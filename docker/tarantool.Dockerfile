@@ -1,6 +1,6 @@
 # The storage image: Debian's Tarantool (bookworm: 2.6.0) with the Lua application
 # (lua/init.lua, lua/smartcache/) baked in. One image for every instance: with SC_ETCD
-# set, etcd elects the leader and the others follow it (lua/README.md "Failover");
+# set, etcd elects the leader and the others follow it (docs/storage-failover.md);
 # compose sets SC_ETCD, SC_CLUSTER and SC_ADVERTISE (the name other containers reach
 # this one by). Data (.snap, .xlog) in the volume /var/lib/smartcache. Build from the
 # repository root:

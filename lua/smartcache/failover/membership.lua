@@ -17,7 +17,7 @@
 --           leader itself is never removed: switch over first.
 -- After each write the leader acts on the new version at once, and waits
 -- (bounded) until every live member's record says it acts on it too, so that two
--- changes never overlap in anyone's view. lua/README.md (Topology) has the proof.
+-- changes never overlap in anyone's view. docs/storage-failover.md (Topology) has the proof.
 local etcd = require('smartcache.etcd')
 local topology = require('smartcache.failover.topology')
 

@@ -3,7 +3,7 @@
 -- exit REJOIN_EXIT_CODE so the supervisor starts it again: sc.rejoin calls the
 -- same), and the files set aside at the next start (init.lua), a bounded count.
 --
--- The proof (lua/README.md, Divergence and rejoin, says it at length). Every
+-- The proof (docs/storage-failover.md, Divergence and rejoin, says it at length). Every
 -- acknowledged write is synchronous, so it was on a quorum of at least a
 -- majority of the configured members when it was acknowledged. The current
 -- leader was elected as the best of a majority of members that had stopped

@@ -28,7 +28,7 @@ local RAISE_REASON = 'raising the synchronous quorum'
 -- the TTL) no longer counts, and the quorum comes down at once, never below
 -- the configured one (a majority). Our LSN, not its idle time: an idle healthy
 -- follower acknowledges only heartbeats (every replication_timeout) but has
--- every row we have. Measured on Debian's 2.6.0 (lua/README.md): lowering
+-- every row we have. Measured on Debian's 2.6.0 (docs/storage-failover.md): lowering
 -- replication_synchro_quorum confirms the writes already waiting in the limbo
 -- at once (three writes waiting for quorum 3 with one of two replicas frozen
 -- were confirmed 0.5 ms after the quorum went to 2). When the follower catches

@@ -17,7 +17,7 @@
 --     yet, one cut off from etcd, one whose record it has not read): such
 --     acknowledgements never stand in for a member's.
 -- Without the key everything is as before it existed: SC_CLUSTER_SIZE makes the
--- majority and every instance counts. lua/README.md (Failover, Topology) has
+-- majority and every instance counts. docs/storage-failover.md (Topology) has
 -- the safety argument for each step.
 --
 -- A DCS that forgets or goes back: each instance keeps the newest topology it

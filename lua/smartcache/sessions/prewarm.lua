@@ -1,6 +1,6 @@
 -- Prewarm records: client data fetched from the core backend before login.
 --
--- State diagram (see lua/README.md):
+-- State diagram (see docs/storage.md, prewarm):
 --
 --   (absent) --acquire--> updating(owner, lease) --complete--> idle(data)
 --                              |   \--fail-------------------> idle(old data)
