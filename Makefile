@@ -34,6 +34,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(MAKE) sysdeps
 	rm -f $(VENV)/.installed-*
 	$(PYTHON) -m venv $(VENV)
+	@# a .venv made before the distribution was renamed (smartcache -> smartcache-bank) holds the old one
+	@$(VENV)/bin/pip uninstall -q -y --disable-pip-version-check smartcache 2>/dev/null || true
 	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 

@@ -6,7 +6,7 @@ names are those of :mod:`smartcache.client`). The rest of the house:
 * :mod:`smartcache.wire`: the protocol both ends share (registry, codec, errors, keys, ports);
 * :mod:`smartcache.client`: the library front servers use;
 * :mod:`smartcache.cli`: ``smartcache-cli``, for operators;
-* :mod:`smartcache.server`: the service itself (``smartcache``; needs ``pip install 'smartcache[server]'``).
+* :mod:`smartcache.server`: the service itself (``smartcache``; needs ``pip install 'smartcache-bank[server]'``).
 """
 
 from smartcache import client

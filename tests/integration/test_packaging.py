@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -16,8 +17,11 @@ from tests.conftest import Running
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP = ["-m", "pip", "--disable-pip-version-check", "-q"]
+#: our distribution (smartcache on the package index is another project); its wheel's file name prefix
+DISTRIBUTION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+WHEEL_PREFIX = DISTRIBUTION.replace("-", "_") + "-"
 #: what a client-only install may hold besides the distribution itself (pip's own in a new venv)
-CLIENT_DISTRIBUTIONS = {"smartcache", "pyzmq", "msgpack", "pip", "setuptools"}
+CLIENT_DISTRIBUTIONS = {DISTRIBUTION, "pyzmq", "msgpack", "pip", "setuptools"}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +33,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("service", "proto"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, *PIP, "wheel", "--no-deps", "-w", str(out), str(src)], check=True)
-    (built,) = out.glob("smartcache-*.whl")
+    (built,) = out.glob(f"{WHEEL_PREFIX}*.whl")
     return built
 
 
@@ -45,7 +49,7 @@ def client_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_one_top_level_package_with_its_registry(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    top = {n.split("/")[0] for n in names if not n.startswith("smartcache-")}
+    top = {n.split("/")[0] for n in names if not n.startswith(WHEEL_PREFIX)}  # not its .dist-info
     assert top == {"smartcache"}
     assert "smartcache/wire/spec/protocol.toml" in names
     assert not any(n.startswith(("loadtest/", "service/", "tests/", "smartcache/devstack/")) for n in names)
@@ -59,7 +63,8 @@ def test_the_client_installs_with_zeromq_and_msgpack_only(client_venv: Path) -> 
         check=True,
     ).stdout
     installed = {d["name"].lower() for d in json.loads(listing)}
-    assert {"smartcache", "pyzmq", "msgpack"} <= installed
+    assert {DISTRIBUTION, "pyzmq", "msgpack"} <= installed
+    assert "smartcache" not in installed  # the package index's other project
     assert installed <= CLIENT_DISTRIBUTIONS, installed - CLIENT_DISTRIBUTIONS
 
 
@@ -126,4 +131,4 @@ def test_the_server_command_without_its_extra_names_the_extra(client_venv: Path,
         [str(client_venv / "bin" / "smartcache")], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert server.returncode == 2
-    assert "pip install 'smartcache[server]'" in server.stderr
+    assert "pip install 'smartcache-bank[server]'" in server.stderr

@@ -27,7 +27,7 @@ def test_a_missing_package_of_the_server_extra_is_named_with_the_install_command
     assert main.main(["--help"]) == 2
     err = capsys.readouterr().err
     assert f"({package} is missing)" in err
-    assert "pip install 'smartcache[server]'" in err
+    assert "pip install 'smartcache-bank[server]'" in err
 
 
 def test_another_missing_module_is_not_taken_for_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

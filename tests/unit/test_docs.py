@@ -469,6 +469,80 @@ def test_development_md_counts_the_fault_scenarios() -> None:
     assert f"the {len(SCENARIOS)} fault scenarios" in development_targets()["test-faults"][0]
 
 
+# --- the distribution's name: pyproject.toml's [project] name ---------------------------------------
+
+#: names on the package index that belong to other projects: `smartcache` is a Redis helper of 2016
+#: (source only, so installing it runs its setup code)
+TAKEN_NAMES = {"smartcache"}
+#: a pip install command as the pages and the programs' messages write one, up to where the command ends
+PIP_INSTALL = re.compile(r"pip install ([^`\n|\"#;)]*)")
+#: pip options that take a value (the value is no requirement)
+PIP_OPTIONS_WITH_VALUE = {"-c", "--constraint", "-r", "--requirement", "-w", "--wheel-dir", "-t", "--target", "-i"}
+
+
+def canonical(name: str) -> str:
+    """A distribution name as the package index compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def distribution() -> str:
+    return str(tomllib.loads(read("pyproject.toml"))["project"]["name"])
+
+
+def install_arguments(command: str) -> list[str]:
+    """The requirements and paths of one ``pip install`` command: its options and their values left out."""
+    args, skip = [], False
+    for word in (w.strip("'\"") for w in command.split()):
+        if word == "&&":
+            break
+        if skip or word in ("", "\\"):
+            skip = False
+        elif word in PIP_OPTIONS_WITH_VALUE:
+            skip = True
+        elif not word.startswith("-"):
+            args.append(word)
+    return args
+
+
+def install_commands() -> list[tuple[str, str]]:
+    """(file, arguments) of every pip install the pages, the Makefile, the Dockerfiles and the programs give."""
+    files = [*PAGES, "Makefile", *(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*.Dockerfile"))]
+    files += [str(p.relative_to(ROOT)) for p in (ROOT / "service").rglob("*.py")]
+    return [(f, m.group(1)) for f in files for m in PIP_INSTALL.finditer(read(f))]
+
+
+def test_the_distribution_name_is_not_another_projects() -> None:
+    assert canonical(distribution()) not in TAKEN_NAMES, "pyproject.toml: that name on the package index is taken"
+
+
+def test_every_documented_install_names_our_distribution_or_a_path() -> None:
+    """A requirement named is ours (any extra); a wheel is ours by its file name; a directory is a checkout."""
+    ours, wheel_prefix = canonical(distribution()), distribution().replace("-", "_") + "-"
+    wrong = []
+    for file, command in install_commands():
+        for arg in install_arguments(command):
+            bare = re.sub(r"\[[^\]]*\]$", "", arg)
+            if bare.endswith(".whl"):
+                ok = Path(bare).name.lower().startswith(wheel_prefix)
+            elif bare.startswith((".", "/", "~", "<")) or "/" in bare:
+                ok = True  # a checkout (or a requirements file's path after -r, skipped above)
+            else:
+                ok = canonical(re.split(r"[<>=!~;@ ]", bare)[0]) == ours
+            if not ok:
+                wrong.append(f"{file}: pip install {command.strip()}")
+    assert not wrong, f"not our distribution ({distribution()}): " + "; ".join(wrong)
+
+
+def test_the_readme_and_the_client_page_say_how_to_install_our_client() -> None:
+    wheel = distribution().replace("-", "_")
+    for page in ("README.md", "docs/client.md"):
+        text = read(page)
+        assert f"`{distribution()}`" in text, f"{page} names the distribution"
+        commands = [c for f, c in install_commands() if f == page]
+        assert any(install_arguments(c) == ["."] for c in commands), f"{page}: pip install . from a checkout"
+        assert any(f"{wheel}-" in c and ".whl" in c for c in commands), f"{page}: pip install of the wheel"
+
+
 # --- links -------------------------------------------------------------------------------------------
 
 

@@ -235,7 +235,7 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
             raise
         doc: dict[str, Any] = {
             "error": "MISSING_PACKAGE",
-            "message": "cluster needs the server extra: pip install 'smartcache[server]'",
+            "message": "cluster needs the server extra: pip install 'smartcache-bank[server]'",
         }
         if a.operation == "status" and endpoints:  # etcd is asked with the standard library alone
             doc["etcd"] = etcd.status(endpoints, a.timeout)

@@ -1,6 +1,6 @@
 """The client library for front servers: ``from smartcache import Client``.
 
-Installs alone (``pip install smartcache``: pyzmq and msgpack, nothing of the
+Installs alone (distribution ``smartcache-bank``: pyzmq and msgpack, nothing of the
 server). Two clients, one ZeroMQ DEALER socket each, many requests in flight:
 :class:`Client` (blocking) and :class:`AsyncClient` (asyncio), with the same
 typed calls (``session_create``, ``cache_get``...), coordination objects

@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(  # noqa: T201 - before logging is configured
             f"smartcache-console: the console needs the server extra ({e.name} is missing): "
-            "pip install 'smartcache[server]'",
+            "pip install 'smartcache-bank[server]'",
             file=sys.stderr,
         )
         return EXIT_BAD

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         if e.name not in SERVER_PACKAGES:
             raise
         print(  # noqa: T201 - before logging is configured
-            f"smartcache: the service needs the server extra ({e.name} is missing): pip install 'smartcache[server]'",
+            f"smartcache: the service needs the server extra ({e.name} is missing): "
+            "pip install 'smartcache-bank[server]'",
             file=sys.stderr,
         )
         return 2
