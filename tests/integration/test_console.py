@@ -184,6 +184,53 @@ def test_the_page_shows_the_elected_leader(stack: Stack) -> None:
     _screenshot(stack, "console-healthy.png")
 
 
+#: raw Tarantool error text as a follower reports it when its upstream breaks (issue 36: it overflowed the table)
+RAW_ERROR = (
+    "replication from the leader disconnected for 1 s: unexpected EOF when reading from socket, called on fd 18, "
+    "aka 127.0.0.1:55932, peer of 127.0.0.1:23093; "
+) * 4
+
+_DRAW_LONG_PROBLEM = """
+const status = {instances: [
+  {name: "long-1", address: "127.0.0.1:1", reachable: true, role: "leader", writable: true, term: 2,
+   vclock: {1: 5}, lease_left_ms: 2000},
+  {name: "long-2", address: "127.0.0.1:2", reachable: true, role: "follower", term: 2, vclock: {1: 5},
+   upstream_problem: arguments[0]},
+]};
+const box = document.createElement("div");
+box.id = "long-problem";
+box.append(topologyTable(status, [], null));
+const section = document.getElementById("topology-section");
+section.append(box);
+const clip = box.querySelector("td.problem .clip");
+const out = {
+  sectionRight: section.getBoundingClientRect().right,
+  buttonRight: box.querySelector("button.rejoin").getBoundingClientRect().right,
+  overflows: section.scrollWidth > section.clientWidth,
+  title: clip.title,
+  cut: clip.scrollWidth > clip.clientWidth,
+};
+box.remove();
+return out;
+"""
+
+
+def _section_overflows(s: Stack) -> bool:
+    return bool(s.browser.execute_script(
+        "const e = document.getElementById('topology-section'); return e.scrollWidth > e.clientWidth;"
+    ))  # fmt: skip
+
+
+def test_raw_error_text_is_cut_to_the_table_and_the_rejoin_button_stays_in_view(stack: Stack) -> None:
+    """The page's own code draws an instance whose problem is long raw Tarantool text: one line cut with an
+    ellipsis, the whole of it in the title, the table within its section, the rejoin button in view."""
+    drawn = stack.browser.execute_script(_DRAW_LONG_PROBLEM, RAW_ERROR)
+    assert drawn["title"] == "upstream: " + RAW_ERROR
+    assert drawn["cut"], "the long text is cut, not shown whole"
+    assert not drawn["overflows"], "the storage section does not scroll sideways"
+    assert drawn["buttonRight"] <= drawn["sectionRight"], drawn
+
+
 def test_every_action_route_answers_401_without_the_token_and_403_with_a_wrong_one(stack: Stack) -> None:
     app = make_app(from_args(["--listen", "127.0.0.1:0"], env={}))
     posts = {r.resource.canonical for r in app.router.routes() if r.method == "POST" and r.resource is not None}
@@ -276,6 +323,7 @@ def test_after_kill_9_of_the_leader_the_page_shows_the_new_one_within_ttl_plus_2
     row = stack.browser.find_element(By.CSS_SELECTOR, f'tr[data-address="{old}"] .problem')
     assert row.text.startswith("no answer for")
     stack.shows(lambda: stack.text("health") == "degraded", 5, "degraded")
+    assert not _section_overflows(stack), "the storage table keeps within its section, the rejoin buttons in view"
     _screenshot(stack, "console-failing.png")
 
 

@@ -39,6 +39,12 @@ function seconds(s) {
   return s < 120 ? `${Math.round(s)} s` : `${Math.round(s / 60)} min`;
 }
 
+// A cell's text that may be long (raw Tarantool or etcd error text): one line cut to the column's width with
+// an ellipsis, the whole of it on hover (title), so the table keeps its layout and the rejoin buttons stay in view.
+function clipped(text) {
+  return text ? el("span", { class: "clip", title: text }, text) : "";
+}
+
 function since(ms) { return ms === null || ms === undefined ? "" : new Date(ms).toLocaleTimeString(); }
 
 // -- the storage cluster ---------------------------------------------------------------
@@ -84,7 +90,7 @@ function instanceRows(instances, problems, shard) {
       el("td", { class: "role" }, i.reachable ? i.role : "down"),
       el("td", {}, i.term ?? ""), el("td", {}, i.reachable && i.role === "leader" ? seconds(i.lease_left_ms / 1000) : ""),
       el("td", {}, lag === null ? "" : lag), el("td", {}, i.reachable ? upstreamOf(i) : ""),
-      el("td", { class: "problem" }, problem), el("td", {}, i.reachable && i.role !== "leader" ? rejoin : ""));
+      el("td", { class: "problem" }, clipped(problem)), el("td", {}, i.reachable && i.role !== "leader" ? rejoin : ""));
     body.append(row);
   }
   return body;
@@ -106,7 +112,7 @@ function drawEtcd(etcd, problems) {
     let problem = m.reachable ? (m.errors ? String(m.errors) : "") : `no answer for ${seconds(m.no_answer_for_s)}`;
     if (!m.reachable) problems.push(`etcd ${m.name || m.endpoint}: ${problem}`);
     body.append(el("tr", { class: m.state }, el("td", {}, m.name || m.id), el("td", {}, m.endpoint || ""),
-      el("td", { class: "role" }, m.state), el("td", {}, m.raft_term ?? ""), el("td", { class: "problem" }, problem)));
+      el("td", { class: "role" }, m.state), el("td", {}, m.raft_term ?? ""), el("td", { class: "problem" }, clipped(problem))));
   }
 }
 
