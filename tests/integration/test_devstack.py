@@ -431,15 +431,17 @@ def _recorded(*shards: str, offset: int = 0) -> Recorded:
             "holds a topology of 2 shards (etcd's bucket map names s1, s2), not the 1 SMARTCACHE_SHARDS=1 asks for:"
             " run `SMARTCACHE_SHARDS=2 make run`, or `make reset-data` to start over",
         ),
-        ({"SMARTCACHE_SHARDS": "3"}, _recorded("s1", "s2"), "not the 3 SMARTCACHE_SHARDS=3 asks for"),
-        (
-            {"SMARTCACHE_SHARDS": "2"},
-            _recorded(),
-            "holds the topology of one replica set (no shards), which SMARTCACHE_SHARDS=2 would leave out of reach:"
-            " run `make run` without SMARTCACHE_SHARDS, or `make reset-data` to start over",
-        ),
+        ({"SMARTCACHE_SHARDS": "3"}, _recorded("s1", "s2"), 3),  # grown: s3 joins the map empty
+        ({"SMARTCACHE_SHARDS": "2"}, _recorded(), 2),  # grown: the one replica set is s1, s2 joins empty
+        ({"SMARTCACHE_SHARDS": "3"}, _recorded(), 3),
+        ({"SMARTCACHE_SHARDS": "2"}, _recorded("s1"), 2),  # a growth stopped half-way goes on
         ({}, _recorded("s1", "s3"), "which make run cannot start (it starts 2..3 shards named s1, s2...)"),
-        ({}, _recorded("s1"), "which make run cannot start"),
+        (
+            {},
+            _recorded("s1"),
+            "holds a topology of 1 shard (etcd's bucket map names s1): a growth from one replica set stopped"
+            " half-way; run `SMARTCACHE_SHARDS=2 make run`, or `make reset-data` to start over",
+        ),
         ({}, _recorded("s1", "s2", offset=1000), "whose s1 is on 127.0.0.1:4301, 127.0.0.1:4302, 127.0.0.1:4303, not"),
         ({"SMARTCACHE_PORT_OFFSET": "1000"}, _recorded(), "whose instances are on 127.0.0.1:3301"),
     ],
@@ -455,6 +457,35 @@ def test_make_run_starts_what_var_holds_or_says_how_to_go_on(
         settle_shards(plan, recorded)
     assert str(refused.value).startswith("/v holds ")
     assert said in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "asked", "added"),
+    [((), 2, ("s2",)), ((), 3, ("s2", "s3")), (("s1",), 2, ("s2",)), (("s1", "s2"), 3, ("s3",)), (("s1", "s2"), 2, ())],
+)
+def test_more_shards_than_var_holds_are_added_empty_for_a_rebalance(
+    recorded: tuple[str, ...], asked: int, added: tuple[str, ...]
+) -> None:
+    """SMARTCACHE_SHARDS above what var/ holds: the shards it lacks join the bucket map empty, and the banner names
+    the rebalance that fills them (docs/sharding.md); one replica set is shard s1 from then on."""
+    plan = Plan.from_env({"SMARTCACHE_SHARDS": str(asked), "SMARTCACHE_VAR": "/v"})
+    settled, said = settle_shards(plan, _recorded(*recorded))
+    assert (settled.shards, settled.added) == (asked, added)
+    if not added:
+        assert said is None
+        return
+    assert said is not None
+    assert f"{', '.join(added)} joined the bucket map holding no bucket (cluster shard add)" in said
+    assert "`.venv/bin/smartcache-cli cluster --cluster make-run rebalance`" in said
+    assert ("it is shard s1 now, its data where it was" in said) == (not recorded)
+
+
+def test_s1_grown_from_one_replica_set_keeps_its_instances_and_their_data_where_they_were(tmp_path: Path) -> None:
+    plan = Plan.from_env({"SMARTCACHE_SHARDS": "2", "SMARTCACHE_VAR": str(tmp_path)})
+    assert [plan.instance_name(1, i) for i in (1, 2, 3)] == ["tarantool-s1-1", "tarantool-s1-2", "tarantool-s1-3"]
+    (tmp_path / "tarantool-1").mkdir()  # one replica set ran here
+    assert [plan.instance_name(k, 1) for k in (1, 2)] == ["tarantool-1", "tarantool-s2-1"]
+    assert Plan.from_env({"SMARTCACHE_VAR": str(tmp_path)}).instance_name(1, 2) == "tarantool-2"
 
 
 def test_a_shard_whose_topology_gained_or_lost_a_member_is_still_started() -> None:

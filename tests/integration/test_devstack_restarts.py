@@ -322,3 +322,58 @@ def test_make_run_on_the_var_of_a_two_shard_run_starts_both_shards_and_refuses_o
     finally:
         again.close()
     print(f"two runs and a refusal in {time.monotonic() - started:.1f} s")  # the number, with -s
+
+
+def _owners(ranges: list[list[Any]]) -> set[str]:
+    return {owner for _, _, owner in ranges}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_more_shards_asked_of_one_replica_set_grow_it_the_documented_way_and_keep_its_sessions(
+    tmp_path: Path,
+) -> None:
+    """make run, Ctrl-C, then SMARTCACHE_SHARDS=2 make run on the same var/: the one replica set is shard s1 with
+    its sessions, s2 joins the bucket map holding nothing; `cluster rebalance` (docs/sharding.md) moves buckets to
+    it, every session readable all along; then make run alone starts both shards."""
+    first = MakeRun(tmp_path)
+    try:
+        first.wait_ready()
+        kept = [first.cli("session-create", f"grow-{n}")["session_id"] for n in range(24)]
+        assert first.ctrl_c() == 0, first.err
+    finally:
+        first.close()
+    env = dict(first.env)
+
+    grown = MakeRun(tmp_path, base_env=env, extra_env={"SMARTCACHE_SHARDS": "2"})
+    try:
+        grown.wait_ready()
+        assert "it is shard s1 now, its data where it was; s2 joined the bucket map holding no bucket" in grown.out
+        assert "tarantool-1 " in grown.out  # s1's instances are the one replica set's, their data where it was
+        assert _owners(grown.status()["buckets"]["ranges"]) == {"s1"}
+        assert [grown.cli("session-get", s)["status"] for s in kept] == ["OK"] * len(kept)
+        cli = Path(sys.executable).parent / "smartcache-cli"
+        moved = subprocess.run(
+            [str(cli), "cluster", "--cluster", "make-run", "rebalance", "--json"],
+            env=grown.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        eventually(lambda: _owners(grown.status()["buckets"]["ranges"]) == {"s1", "s2"}, 30, what="the map")
+        assert [grown.cli("session-get", s)["status"] for s in kept] == ["OK"] * len(kept)
+        assert grown.ctrl_c() == 0, grown.err
+    finally:
+        grown.close()
+
+    again = MakeRun(tmp_path, base_env=env)
+    try:
+        again.wait_ready()
+        assert f"s1, s2, the 2 that {tmp_path} holds (etcd's bucket map)" in again.out
+        assert [again.cli("session-get", s)["status"] for s in kept] == ["OK"] * len(kept)
+        assert again.status()["healthy"]
+        assert again.ctrl_c() == 0, again.err
+    finally:
+        again.close()

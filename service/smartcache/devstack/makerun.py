@@ -101,20 +101,20 @@ def _settled(plan: Plan, say: Callable[[str], None]) -> tuple[Plan, str | None] 
 
 def _trios(plan: Plan, etcd_url: str) -> dict[str, list[Tarantool]]:
     """Each shard's three Tarantool instances. One replica set: make-run, tarantool-1..3, as always; sharded:
-    make-run.s1, tarantool-s1-1..."""
+    make-run.s1, tarantool-s1-1... (tarantool-1..3 for s1 grown from one replica set: Plan.instance_name)."""
     trios: dict[str, list[Tarantool]] = {}
     for k, shard in enumerate(plan.shard_names(), 1):
         cluster = CLUSTER if plan.shards == 1 else f"{CLUSTER}.{shard}"
         ha = {"SC_ETCD": etcd_url, "SC_CLUSTER": cluster, "SC_CLUSTER_SIZE": str(len(INSTANCES))}
         trios[shard] = [
             Tarantool.create(
-                name if plan.shards == 1 else name.replace("tarantool-", f"tarantool-{shard}-"),
+                plan.instance_name(k, i),
                 plan.base,
                 port=plan.port(f"SC_PORT_{i}", k),
                 http_port=plan.port(f"SC_HTTP_PORT_{i}", k),
                 extra_env=ha,
             )
-            for i, name in enumerate(INSTANCES, 1)
+            for i in range(1, len(INSTANCES) + 1)
         ]
     return trios
 
@@ -217,7 +217,7 @@ class Stack:
         for shard, trio in self.trios.items():
             say(seed_topology(trio, plan.etcd_urls, CLUSTER if plan.shards == 1 else f"{CLUSTER}.{shard}"))
         if plan.shards > 1:
-            say(seed_shards(plan.shard_names(), plan.etcd_urls))
+            say(seed_shards(plan))
         self.backend.wait_listening(p["BACKEND_PORT"], stop=stop)
         self.service.wait_listening(p["SMARTCACHE_METRICS_PORT"], *filter(None, [plan.listen_port]), stop=stop)
         ready_url = self.metrics_url + "/health/ready"

@@ -69,6 +69,9 @@ class Plan:
     shards: int = 1
     #: whether SMARTCACHE_SHARDS said so (unset: as many as var/'s etcd records, settle_shards)
     shards_given: bool = False
+    #: the shards this run adds to the bucket map holding no bucket (SMARTCACHE_SHARDS above what var/ holds;
+    #: `smartcache-cli cluster rebalance` then fills them): settle_shards
+    added: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Plan:
@@ -119,6 +122,17 @@ class Plan:
 
     def shard_names(self) -> list[str]:
         return [f"s{k}" for k in range(1, self.shards + 1)]
+
+    def instance_name(self, shard: int, i: int) -> str:
+        """Instance i (1..3) of shard k: tarantool-i for one replica set, else tarantool-s<k>-i; and tarantool-i
+        for shard s1 of a cluster grown from one replica set (its data stays where it was: var/ holds
+        tarantool-1 and no tarantool-s1-1)."""
+        one = f"tarantool-{i}"
+        if self.shards == 1 or (
+            shard == 1 and (self.base / one).exists() and not (self.base / "tarantool-s1-1").exists()
+        ):
+            return one
+        return f"tarantool-s{shard}-{i}"
 
     def port(self, name: str, shard: int) -> int:
         """An instance port of shard k (1: the first trio's own)."""
