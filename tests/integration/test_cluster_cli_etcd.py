@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -98,6 +99,29 @@ def test_without_the_server_extra_status_still_shows_etcd(ha: HACluster) -> None
     assert doc["error"] == "MISSING_PACKAGE"
     assert doc["etcd"]["healthy"] is True
     assert "Traceback" not in err
+
+
+def test_a_killed_leader_is_not_shown_as_leader_and_the_cluster_not_healthy(ha: HACluster) -> None:
+    """Right after kill -9 its member record still says leader (until its lease runs out): status shows it as
+    'leader? (no answer)' at most, never as leader, names no leader until one is elected, and exits 1.
+    Runs last of the tests on the module's cluster: the killed instance stays down."""
+    rc, doc, _ = _cli("--tarantool", _addresses(ha), "--etcd", ha.etcd.url, "init")  # a topology: members listed
+    assert rc == 0, doc
+    name = ha.leader()
+    dead = ha.nodes[name].address
+    os.kill(ha.nodes[name].pid, signal.SIGKILL)
+    rc, doc, err = _cli("--tarantool", _addresses(ha), "--etcd", ha.etcd.url, "status")
+    assert "Traceback" not in err
+    assert rc == 1
+    assert doc["healthy"] is False
+    assert doc["leader"] != dead
+    (member,) = [m for m in doc["topology"]["members"] if m["address"] == dead]
+    assert member["reachable"] is False
+    assert member["role"] in ("leader? (no answer)", "down"), member  # the record's word, or none once it expired
+    shown = [m["role"] for m in doc["topology"]["members"] if not m["reachable"]] + [
+        i.get("role") for i in doc["instances"] if not i["reachable"]
+    ]
+    assert "leader" not in shown
 
 
 # -- a leader that dies during the switchover -------------------------------------------------------

@@ -108,3 +108,22 @@ def test_a_sharded_cluster_shows_each_shard_s_buckets_and_the_moves_in_flight() 
     text = output.render(doc, "cluster-status", as_json=False)
     assert "buckets: 1023 active here, 1 moving\n  bucket 17 sending (generation 3, peer s2, 0.4 s)" in text
     assert "buckets: not known (no leader to ask)" in text
+
+
+def test_cluster_status_names_the_cluster_and_says_no_leader_rather_than_a_dead_one() -> None:
+    """The head line names the cluster as --cluster takes it (make run's banner does not); with no instance
+    answering as leader, "no leader" (issue 36: a dead leader read as the leader)."""
+    dead = {
+        **STATUS,
+        "leader": None,
+        "term": None,
+        "topology": {
+            "cluster": "make-run",
+            "version": 1,
+            "members": [{"address": "127.0.0.1:3301", "role": "leader? (no answer)", "reachable": False}],
+        },
+    }
+    lines = output.render(dead, "cluster-status", as_json=False).splitlines()
+    assert lines[0] == "cluster make-run NOT healthy; no leader"
+    row = next(ln for ln in lines if ln.startswith("127.0.0.1:3301"))
+    assert "leader? (no answer)" in row

@@ -90,8 +90,13 @@ def _problem(i: Mapping[str, Any]) -> Any:
 
 
 def cluster_status(doc: Mapping[str, Any]) -> str:
+    """The head line (the cluster's name, as --cluster takes it; its health; who leads), the instances, etcd, the
+    topology. No instance answering as leader is "no leader": a dead one is never named (ops/status.py)."""
     health = "healthy" if doc.get("healthy") else "NOT healthy"
-    head = f"cluster {health}; leader {_scalar(doc.get('leader'))} (term {_scalar(doc.get('term'))})"
+    topology = doc.get("topology")
+    name = topology.get("cluster") if isinstance(topology, Mapping) else None
+    leader = f"leader {doc['leader']} (term {_scalar(doc.get('term'))})" if doc.get("leader") else "no leader"
+    head = f"cluster {name + ' ' if name else ''}{health}; {leader}"
     parts = [head, _table(doc.get("instances") or [], _instance_columns())]
     etcd = doc.get("etcd")
     if isinstance(etcd, Mapping):
@@ -107,7 +112,6 @@ def cluster_status(doc: Mapping[str, Any]) -> str:
                 ("PROBLEM", lambda m: m.get("error")),
             ]
             parts.append(_table(etcd.get("members") or [], member_columns))
-    topology = doc.get("topology")
     if isinstance(topology, Mapping):
         parts.append(_topology(topology))
     return "\n\n".join(parts)

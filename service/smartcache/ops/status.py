@@ -132,7 +132,7 @@ def topology_status(reg: Registry | None, instances: Sequence[dict[str, Any]]) -
             "http_port": m.http_port,
             "eligible": m.eligible,
             "leaving": m.leaving,
-            "role": by_uri.get(m.address, {}).get("role") or records.get(m.address, {}).get("role") or "down",
+            "role": role_shown(by_uri.get(m.address, {}), records.get(m.address, {})) or "down",
             "reachable": bool(by_uri.get(m.address, {}).get("reachable")),
             "topology_version": by_uri.get(m.address, {}).get("topology_version"),
         }
@@ -142,6 +142,17 @@ def topology_status(reg: Registry | None, instances: Sequence[dict[str, Any]]) -
     unregistered = _unregistered(listed, records, by_uri, instances)
     out.update(version=reg.topology.version, members=members, unregistered=unregistered)
     return out
+
+
+def role_shown(answer: dict[str, Any], record: dict[str, Any]) -> str | None:
+    """An instance's role: the one it answers; else the one its member record in etcd last said, marked as not
+    confirmed ("leader? (no answer)"). A killed leader's record outlives it by up to a lease (SC_LEADER_TTL_S):
+    shown as plain "leader", it read as a leader while none was elected (issue 36)."""
+    said = answer.get("role") or None
+    if said is not None:
+        return str(said)
+    recorded = record.get("role")
+    return f"{recorded}? (no answer)" if recorded else None
 
 
 def _unregistered(
@@ -161,7 +172,7 @@ def _unregistered(
             {
                 "address": uri,
                 "uuid": i.get("instance_uuid") or r.get("uuid"),
-                "role": i.get("role") or r.get("role"),
+                "role": role_shown(i, r),
                 "reachable": bool(i.get("reachable")),
                 "reason": r.get("reason"),
             }
