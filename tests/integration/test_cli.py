@@ -130,10 +130,10 @@ def test_the_endpoint_comes_from_smartcache_endpoint(svc: Running) -> None:
     assert (done.returncode, json.loads(done.stdout)["status"]) == (0, "OK")
 
 
-def test_a_timeout_names_the_endpoint_it_tried() -> None:
+def test_a_timeout_names_the_endpoint_it_tried_and_exits_3_not_as_a_usage_error() -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"  # nobody listens there
     done = run("smartcache-cli", "--timeout", "0.3", "ping", SMARTCACHE_ENDPOINT=endpoint)
-    assert done.returncode == 2
+    assert done.returncode == 3
     out = json.loads(done.stdout)
     assert (out["error"], out["endpoint"]) == ("TIMEOUT", endpoint)
     assert endpoint in out["message"]
@@ -160,6 +160,8 @@ def test_cli_help_documents_endpoint_and_exit_codes() -> None:
     assert done.returncode == 0
     for text in ("SMARTCACHE_ENDPOINT", "--endpoint", "Exit codes", *SUBCOMMANDS):
         assert text in done.stdout
+    for code in range(6):
+        assert f"\n  {code}  " in done.stdout
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

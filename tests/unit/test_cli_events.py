@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from smartcache.cli import events
+from smartcache.cli import events, exits
 from smartcache.client.clients import SUBSCRIBE_RETRY_S
 
 POLLS: list[float] = []
@@ -42,7 +42,7 @@ def _args(**kw: Any) -> argparse.Namespace:
 
 def test_idle_bounds_the_subscriptions_retries_and_its_polls() -> None:
     c = _Client()
-    assert events.run(c, _args(idle=2.0), lambda doc: None) == events.EXIT_OK  # type: ignore[arg-type]
+    assert events.run(c, _args(idle=2.0), lambda doc: None) == exits.OK  # type: ignore[arg-type]
     assert c.subscribed["retry_s"] == 2.0
     assert POLLS[-1] == 2.0
 
@@ -50,7 +50,7 @@ def test_idle_bounds_the_subscriptions_retries_and_its_polls() -> None:
 def test_without_idle_the_subscription_keeps_its_default_retries() -> None:
     c = _Client()
     args = _args(idle=None, count=0)
-    assert events.run(c, args, lambda doc: None) == events.EXIT_OK  # type: ignore[arg-type]
+    assert events.run(c, args, lambda doc: None) == exits.OK  # type: ignore[arg-type]
     assert c.subscribed["retry_s"] == SUBSCRIBE_RETRY_S
 
 
@@ -60,3 +60,13 @@ def test_from_takes_one_sequence_or_one_per_shard_and_refuses_anything_else() ->
     for bad in ("x", "s1=", "s1=a,s2=2"):
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(bad))):
             events.from_sequence(bad)
+
+
+def test_one_sequence_for_a_sharded_cluster_s_logs_is_a_usage_error() -> None:
+    class _Sharded(_Client):
+        def subscribe(self, topics: Any, from_seq: Any, *, publishers: str, retry_s: float) -> _Sub:
+            raise ValueError("a sharded cluster's logs need one sequence per shard: s1=N,s2=M")
+
+    said: list[dict[str, Any]] = []
+    assert events.run(_Sharded(), _args(idle=1.0, from_seq=5), said.append) == exits.USAGE  # type: ignore[arg-type]
+    assert said[0]["error"] == "BAD_ARGUMENT"

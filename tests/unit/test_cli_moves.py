@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import tarantool
 
+from smartcache.cli import exits
 from smartcache.cli.main import main
 from smartcache.ops import cluster, moves
 
@@ -34,7 +35,7 @@ def refused_url() -> str:
 def test_an_etcd_that_does_not_answer_is_said_so(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["cluster", "--etcd", refused_url(), "--cluster", "bank", *args])
     doc = json.loads(capsys.readouterr().out)
-    assert code == 1
+    assert code == exits.UNAVAILABLE
     assert doc["error"] == "ETCD_UNAVAILABLE", doc
     assert "Connection refused" in doc["message"]
 

@@ -1,7 +1,7 @@
 """smartcache-cli's operator commands: ``cluster`` (storage roles, switchover, rejoin) and ``keys`` (CURVE).
 
 They talk to Tarantool or write files, not to the service; main.py wires them
-in and prints what they return (one JSON object, the same exit codes).
+in and prints what they return (one JSON object, the exit codes of cli/exits.py).
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from smartcache.cli import exits
 from smartcache.ops import etcd
 from smartcache.wire.buckets import MAX_BUCKETS
 from smartcache.wire.keys import create_key_pair
 from smartcache.wire.ports import CLUSTER_VARIABLE, default_etcd, default_tarantool
 
 COMMANDS = ("cluster", "keys")
-EXIT_OK, EXIT_STATUS, EXIT_BAD = 0, 1, 2
+#: the operations that move buckets: they need the sharded cluster's name
+MOVES = ("shard", "move", "rebalance", "drain", "settle")
 Emit = Callable[[dict[str, Any]], None]
 
 
@@ -168,21 +170,21 @@ def _moves(a: argparse.Namespace, access: Any, emit: Emit) -> int:
             away = [a.shard] if a.operation == "drain" else []
             if away and away[0] not in current["shards"]:
                 emit({"error": "NOT_FOUND", "message": f"no shard {away[0]!r} (shards: {current['shards']})"})
-                return EXIT_BAD
+                return exits.USAGE
             plan = moves.plan_even(current, current["shards"], away=away)
             if a.dry_run:
                 emit({"status": "OK", "moves": len(plan), "plan": [[b, s] for b, s in plan]})
-                return EXIT_OK
+                return exits.OK
             progress = Progress(len(plan))
             doc = moves.run_moves(access, plan, parallel=a.parallel, pause_s=a.pause_ms / 1000, progress=progress)
     except etcd.EtcdUnavailable as e:
         emit({"error": "ETCD_UNAVAILABLE", "message": f"etcd did not answer (the bucket map is there): {e}"})
-        return EXIT_STATUS
+        return exits.UNAVAILABLE
     except moves.MoveError as e:
         emit({"status": "MOVE_FAILED", "message": str(e)})
-        return EXIT_STATUS
+        return exits.STATUS
     emit(doc)
-    return EXIT_OK if doc.get("status") == "OK" else EXIT_STATUS
+    return exits.OK if doc.get("status") == "OK" else exits.STATUS
 
 
 def _members_parsers(ops: Any) -> None:
@@ -240,7 +242,7 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
         if a.operation == "status" and endpoints:  # etcd is asked with the standard library alone
             doc["etcd"] = etcd.status(endpoints, a.timeout)
         emit(doc)
-        return EXIT_BAD
+        return exits.MISSING_PACKAGE
     access = cluster.Access(
         addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
         user=os.environ.get("SMARTCACHE_OPERATOR_USER") or "operator",
@@ -249,15 +251,15 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
         etcd=endpoints,
         cluster=a.cluster,
     )
-    if a.operation in ("shard", "move", "rebalance", "drain", "settle"):
+    if a.operation in MOVES:
         if not access.cluster:
             emit({"error": "BAD_ARGUMENT", "message": "--cluster (or $SMARTCACHE_CLUSTER) names the sharded cluster"})
-            return EXIT_BAD
+            return exits.USAGE
         return _moves(a, access, emit)
     if a.operation == "status":
         doc = cluster.status(access)
         emit(doc)
-        return EXIT_OK if doc["healthy"] else EXIT_STATUS
+        return exits.OK if doc["healthy"] else exits.STATUS
     return _change(a, access, emit)
 
 
@@ -274,7 +276,7 @@ def _change(a: argparse.Namespace, access: Any, emit: Emit) -> int:
             names = [x.strip() for x in a.shards.split(",") if x.strip()]
             if not names or not 1 <= a.buckets <= MAX_BUCKETS or len(set(names)) != len(names):
                 emit({"error": "BAD_ARGUMENT", "message": f"--shards: distinct names; --buckets: 1..{MAX_BUCKETS}"})
-                return EXIT_BAD
+                return exits.USAGE
             doc = cluster.shards_init(access, names, a.buckets)
         elif a.operation == "init":
             doc = cluster.topology_init(access, force=a.force)
@@ -284,11 +286,11 @@ def _change(a: argparse.Namespace, access: Any, emit: Emit) -> int:
             doc = cluster.topology_remove(access, a.address, a.timeout_ms)
     except LookupError as e:
         emit({"error": "NOT_FOUND", "message": str(e)})
-        return EXIT_BAD
+        return exits.USAGE
     emit(doc)
     if "error" in doc:  # CONNECTION_LOST: the instance stopped answering during the call
-        return EXIT_BAD
-    return EXIT_OK if doc.get("status") == "OK" else EXIT_STATUS
+        return exits.UNAVAILABLE
+    return exits.OK if doc.get("status") == "OK" else exits.STATUS
 
 
 def _secret(name: str, default: str) -> str:
@@ -324,6 +326,6 @@ def _keys(a: argparse.Namespace, emit: Emit) -> int:
         public, secret = create_key_pair(directory, a.name, a.permissions)
     except ValueError as e:
         emit({"error": "BAD_ARGUMENT", "message": str(e)})
-        return EXIT_BAD
+        return exits.USAGE
     emit({"status": "OK", "public": str(public), "secret": str(secret)})
-    return EXIT_OK
+    return exits.OK

@@ -14,13 +14,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from smartcache.cli import exits
 from smartcache.client import Client
 from smartcache.client.clients import SUBSCRIBE_RETRY_S
 from smartcache.wire.errors import CursorTooOld
 from smartcache.wire.ports import EVENTS_ENDPOINT_VARIABLE, EVENTS_PORT, PORT_OFFSET_VARIABLE, default_events_endpoint
 
 COMMANDS = ("events",)
-EXIT_OK, EXIT_STATUS = 0, 1
 #: without --idle, a poll this long at a time (Ctrl-C ends it)
 POLL_S = 3600.0
 Emit = Callable[[dict[str, Any]], None]
@@ -39,8 +39,8 @@ def add_parsers(sub: Any) -> None:
         "tail",
         help="print events as they come, one JSON object per line",
         description="Catch up from --from with EVENTS_READ, then follow the service's events socket; every event "
-        "once, in order. Exit 0 at Ctrl-C, --count or --idle; 1 if the events after --from were dropped by "
-        "retention (CURSOR_TOO_OLD).",
+        f"once, in order. Exit {exits.OK} at Ctrl-C, --count or --idle; {exits.STATUS} if the events after --from "
+        "were dropped by retention (CURSOR_TOO_OLD).",
     )
     tail.add_argument(
         "--topic",
@@ -104,10 +104,10 @@ def run(client: Client, a: argparse.Namespace, emit: Emit) -> int:
                 printed += 1
     except CursorTooOld as e:
         emit({"error": "CURSOR_TOO_OLD", "message": str(e), "oldest_seq": e.oldest_seq})
-        return EXIT_STATUS
+        return exits.STATUS
     except ValueError as e:  # one --from sequence for a sharded cluster's logs
         emit({"error": "BAD_ARGUMENT", "message": f"--from: {e}"})
-        return EXIT_STATUS
+        return exits.USAGE
     except KeyboardInterrupt:
         pass
-    return EXIT_OK
+    return exits.OK

@@ -18,9 +18,6 @@ a file). Session ids are UUID text everywhere (session-list included); other
 byte strings are {"hex": "..."}. A transport error or a timeout prints
 {"error": NAME, "message": ..., "endpoint": ...}; bad arguments print
 {"error": "BAD_ARGUMENT", "message": ...} (and the usage on stderr).
-
-Exit codes: 0 an OK reply; 1 another status (NOT_FOUND, CONFLICT...); 2 a
-transport error, a timeout, or bad arguments.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from smartcache import __version__
 from smartcache.cli import admin as cli_admin
 from smartcache.cli import coordination as cli_coordination
 from smartcache.cli import events as cli_events
-from smartcache.cli import output
+from smartcache.cli import exits, output
 from smartcache.client import DEFAULT_TIMEOUT_S, Client, CurveKeys, Reply
 from smartcache.wire import REGISTRY
 from smartcache.wire.errors import RequestError, RequestTimeout
@@ -50,7 +47,6 @@ DATA_TYPES = "1 accounts, 2 cards, 3 deposits, 4 loans"
 # Any number the core backend knows is accepted; these four are what the service prewarms by
 # default (SMARTCACHE_PREWARM_TYPES).
 PRODUCT_TYPES = f"any number the core backend knows; {DATA_TYPES} are prewarmed by default"
-EXIT_OK, EXIT_STATUS, EXIT_TRANSPORT = 0, 1, 2
 #: subcommands whose DATA is parsed as JSON unless --raw is given
 DATA_HELP = "JSON: an object, a list, a number, true/false/null or a string in double quotes"
 RAW_HELP = "send DATA as a plain string instead of parsing it as JSON"
@@ -90,7 +86,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         _print({"error": "BAD_ARGUMENT", "message": f"{self.prog}: {message}"})
-        sys.exit(EXIT_TRANSPORT)
+        sys.exit(exits.USAGE)
 
 
 JSON_HELP = (
@@ -104,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="smartcache-cli",
         description="Send one request to a running smartcache service and print the reply: laid out for reading "
         "on a terminal, one JSON line with --json or into a pipe.",
-        epilog=__doc__[__doc__.index("Endpoint:") :] if __doc__ else None,
+        epilog=(__doc__[__doc__.index("Endpoint:") :] if __doc__ else "") + "\n" + exits.HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__} (protocol {REGISTRY.version})")
@@ -139,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help="seconds to wait for the reply before giving up (exit 2); default %(default)s",
+        help=f"seconds to wait for the reply before giving up (exit {exits.TIMEOUT}); default %(default)s",
     )
     sub = p.add_subparsers(
         dest="command",
@@ -341,7 +337,7 @@ def _print(doc: dict[str, Any], kind: str = "") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit 0 on an OK reply, 1 on another status, 2 on a transport error, a timeout or bad arguments."""
+    """The exit code: one per kind of outcome (cli/exits.py)."""
     global _AS_JSON
     parser = _parser()
     args = parser.parse_args(argv)
@@ -375,15 +371,15 @@ def main(argv: list[str] | None = None) -> int:
                 f" (set --endpoint or ${ENDPOINT_VARIABLE})"
             )
             _print({"error": "TIMEOUT", "message": message, "endpoint": endpoint})
-            return EXIT_TRANSPORT
+            return exits.TIMEOUT
         except RequestError as e:
             _print({"error": e.transport_error, "message": str(e), "endpoint": endpoint})
-            return EXIT_TRANSPORT
+            return exits.UNAVAILABLE
     if reply is None:
         _print({"status": "SENT", "endpoint": endpoint})
-        return EXIT_OK
+        return exits.OK
     _print(_render(reply), args.command)
-    return EXIT_OK if reply.ok else EXIT_STATUS
+    return exits.OK if reply.ok else exits.STATUS
 
 
 if __name__ == "__main__":
