@@ -101,6 +101,21 @@ def test_without_the_server_extra_status_still_shows_etcd(ha: HACluster) -> None
     assert "Traceback" not in err
 
 
+def test_a_cluster_name_etcd_holds_nothing_of_is_an_error_naming_those_it_holds(ha: HACluster) -> None:
+    """`--cluster wrongname status` answered "cluster healthy", exit 0: the instances were asked, etcd under a
+    prefix nobody writes. The right name, given or not, is the one status prints."""
+    rc, doc, _ = _cli("--tarantool", _addresses(ha), "--etcd", ha.etcd.url, "status")
+    assert rc == 0, doc
+    name = doc["topology"]["cluster"]
+    rc, doc, err = _cli("--tarantool", _addresses(ha), "--etcd", ha.etcd.url, "--cluster", "wrongname", "status")
+    assert rc == 2, doc
+    assert "Traceback" not in err
+    assert doc["error"] == "NOT_FOUND"
+    assert f"'wrongname': etcd holds no such cluster (it holds {name})" in doc["message"]
+    rc, doc, _ = _cli("--tarantool", _addresses(ha), "--etcd", ha.etcd.url, "--cluster", name, "status")
+    assert (rc, doc["topology"]["cluster"]) == (0, name)
+
+
 def test_a_killed_leader_is_not_shown_as_leader_and_the_cluster_not_healthy(ha: HACluster) -> None:
     """Right after kill -9 its member record still says leader (until its lease runs out): status shows it as
     'leader? (no answer)' at most, never as leader, names no leader until one is elected, and exits 1.

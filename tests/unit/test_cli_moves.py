@@ -59,11 +59,16 @@ def test_bad_arguments_are_refused_naming_the_argument(
     assert message in doc["message"]
 
 
-def test_the_moves_need_the_cluster_s_name(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_name_the_moves_ask_the_instances_and_say_so_when_none_answers(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SMARTCACHE_CLUSTER", raising=False)
-    code = main(["cluster", "--etcd", refused_url(), "--cluster", "", "rebalance"])
+    nobody = refused_url().removeprefix("http://")
+    code = main(["cluster", "--etcd", refused_url(), "--tarantool", nobody, "--cluster", "", "rebalance"])
     doc = json.loads(capsys.readouterr().out)
-    assert code == 2
+    assert code == exits.UNAVAILABLE
+    assert doc["error"] == "UNREACHABLE"
+    assert nobody in doc["message"]
     assert "--cluster" in doc["message"]
 
 

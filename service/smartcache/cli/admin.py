@@ -2,6 +2,7 @@
 
 They talk to Tarantool or write files, not to the service; main.py wires them
 in and prints what they return (one JSON object, the exit codes of cli/exits.py).
+Which cluster a command is about is :mod:`.clustername`'s.
 """
 
 from __future__ import annotations
@@ -9,17 +10,18 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from smartcache.cli import exits
+from smartcache.cli import clustername, exits
 from smartcache.ops import etcd
 from smartcache.wire.buckets import MAX_BUCKETS
 from smartcache.wire.keys import create_key_pair
 from smartcache.wire.ports import CLUSTER_VARIABLE, default_etcd, default_tarantool
 
 COMMANDS = ("cluster", "keys")
-#: the operations that move buckets: they need the sharded cluster's name
+#: the operations that move buckets: they need the sharded cluster's name (given, else the instances')
 MOVES = ("shard", "move", "rebalance", "drain", "settle")
 Emit = Callable[[dict[str, Any]], None]
 
@@ -61,7 +63,8 @@ def _cluster_parser(sub: Any) -> None:
         "--cluster",
         default=os.environ.get(CLUSTER_VARIABLE) or None,
         metavar="NAME",
-        help="the cluster's name, SC_CLUSTER (default: $SMARTCACHE_CLUSTER, else what the instances report)",
+        help="the cluster's name, SC_CLUSTER; one etcd holds (default: $SMARTCACHE_CLUSTER, else what the instances "
+        "report, and for a shard's instances the sharded cluster; cluster status prints it)",
     )
     ops = cl.add_subparsers(dest="operation", required=True, metavar="OPERATION", help="what to do")
     _roles_parsers(ops)
@@ -249,13 +252,20 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
         password=_secret("SMARTCACHE_OPERATOR_PASSWORD", "operator"),
         timeout_s=a.timeout,  # per instance and etcd member: a frozen one is reported unreachable, not waited for
         etcd=endpoints,
-        cluster=a.cluster,
+        cluster=a.cluster or None,  # --cluster "": none given
     )
+    not_found = clustername.unknown(access)
+    if not_found is not None:
+        emit(not_found)
+        return exits.USAGE
     if a.operation in MOVES:
-        if not access.cluster:
-            emit({"error": "BAD_ARGUMENT", "message": "--cluster (or $SMARTCACHE_CLUSTER) names the sharded cluster"})
-            return exits.USAGE
-        return _moves(a, access, emit)
+        name = access.cluster or clustername.reported(access)
+        if name is None:
+            asked = ", ".join(access.addresses)
+            emit({"error": "UNREACHABLE", "message": f"no instance answered with its cluster's name ({asked}): "
+                  "check --tarantool, or name the sharded cluster with --cluster"})  # fmt: skip
+            return exits.UNAVAILABLE
+        return _moves(a, replace(access, cluster=name), emit)
     if a.operation == "status":
         doc = cluster.status(access)
         emit(doc)

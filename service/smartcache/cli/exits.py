@@ -17,12 +17,12 @@ OK = 0
 #: refused or not done (NO_LEADER, MOVE_FAILED...); events after --from dropped (CURSOR_TOO_OLD)
 STATUS = 1
 #: the command cannot be run as given: a bad argument, option or environment variable (BAD_ARGUMENT), or it
-#: names a shard or instance that does not exist (NOT_FOUND); nothing was sent
+#: names a cluster, shard or instance that does not exist (NOT_FOUND); nothing was sent
 USAGE = 2
 #: no answer within --timeout (TIMEOUT): the request may or may not have run
 TIMEOUT = 3
-#: the service answered a transport error (QUEUE_FULL, STORAGE_UNAVAILABLE...), etcd did not answer
-#: (ETCD_UNAVAILABLE), or an instance stopped answering during an operation (CONNECTION_LOST)
+#: the service answered a transport error (QUEUE_FULL, STORAGE_UNAVAILABLE...), etcd or the instances did not
+#: answer (ETCD_UNAVAILABLE, UNREACHABLE), or an instance stopped answering during an operation (CONNECTION_LOST)
 UNAVAILABLE = 4
 #: a package the command needs is not installed (MISSING_PACKAGE: cluster needs the server extra)
 MISSING_PACKAGE = 5
@@ -32,9 +32,9 @@ HELP = f"""Exit codes (the same for every command):
   {STATUS}  an answer that is not OK (NOT_FOUND, CONFLICT...; cluster status not healthy;
      an operation refused or not done; events tail: CURSOR_TOO_OLD)
   {USAGE}  the command cannot be run as given: a bad argument or environment variable
-     (BAD_ARGUMENT), or a shard or instance that does not exist (NOT_FOUND)
+     (BAD_ARGUMENT), or a cluster, shard or instance that does not exist (NOT_FOUND)
   {TIMEOUT}  no answer within --timeout (TIMEOUT): the request may or may not have run
-  {UNAVAILABLE}  a transport error (QUEUE_FULL, STORAGE_UNAVAILABLE...), etcd not answering
-     (ETCD_UNAVAILABLE), or an instance lost during an operation (CONNECTION_LOST):
-     try again later
+  {UNAVAILABLE}  a transport error (QUEUE_FULL, STORAGE_UNAVAILABLE...), etcd or the instances
+     not answering (ETCD_UNAVAILABLE, UNREACHABLE), or an instance lost during an
+     operation (CONNECTION_LOST): try again later
   {MISSING_PACKAGE}  a package is missing (MISSING_PACKAGE: cluster needs the server extra)"""
