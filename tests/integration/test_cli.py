@@ -164,6 +164,27 @@ def test_cli_help_documents_endpoint_and_exit_codes() -> None:
         assert f"\n  {code}  " in done.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["ping"], {"SMARTCACHE_PORT_OFFSET": "abc"}, "SMARTCACHE_PORT_OFFSET='abc': a whole number 0..56425"),
+        (["ping"], {"SMARTCACHE_PORT_OFFSET": "99999"}, "SMARTCACHE_PORT_OFFSET='99999': a whole number 0..56425"),
+        (["--timeout", "-1", "ping"], {}, "argument --timeout: must be a number of seconds above 0, not -1"),
+        (["session-create", ""], {}, "argument client_id: the client id is empty"),
+    ],
+    ids=["offset abc", "offset 99999", "timeout -1", "empty client id"],
+)
+def test_what_newcomers_typed_is_refused_with_a_precise_message_and_exit_2(
+    args: list[str], env: dict[str, str], said: str
+) -> None:
+    done = run("smartcache-cli", *args, **env)
+    assert done.returncode == 2
+    doc = json.loads(done.stdout)
+    assert doc["error"] == "BAD_ARGUMENT"
+    assert said in doc["message"]
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("command", SUBCOMMANDS)
 def test_every_subcommand_has_help(command: str) -> None:
     done = run("smartcache-cli", command, "--help")

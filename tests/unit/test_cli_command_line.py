@@ -1,5 +1,6 @@
-"""smartcache-cli's command line (issue 36, what newcomers tripped on): every kind of outcome has its own exit code,
-listed in --help."""
+"""smartcache-cli's command line (issue 36, what newcomers tripped on): what cannot be meant is refused with a
+precise message (a port offset, a timeout, an empty id), and every kind of outcome has its own exit code, listed in
+--help."""
 
 from __future__ import annotations
 
@@ -10,7 +11,78 @@ from typing import Any
 import pytest
 
 from smartcache.cli import exits, main
+from smartcache.console import serve
+from smartcache.wire import ports
 from smartcache.wire.errors import RequestError, RequestTimeout
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """main(argv) exits with the usage code; the message of the one JSON object it printed."""
+    with pytest.raises(SystemExit) as exited:
+        main.main(argv)
+    assert exited.value.code == exits.USAGE
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"] == "BAD_ARGUMENT"
+    return str(doc["message"])
+
+
+# --- SMARTCACHE_PORT_OFFSET ---
+
+
+@pytest.mark.parametrize("text", ["abc", "99999", "-1", "56426", "1.5", " 7 7"])
+def test_a_port_offset_that_is_not_a_number_or_moves_a_port_past_65535_is_refused(
+    text: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(ports.PORT_OFFSET_VARIABLE, text)
+    with pytest.raises(ports.PortOffsetError, match=re.escape(f"SMARTCACHE_PORT_OFFSET={text.strip()!r}")):
+        ports.port_offset()
+    message = _refused(["ping"], capsys)
+    assert f"SMARTCACHE_PORT_OFFSET={text.strip()!r}: a whole number 0..56425 is expected" in message
+
+
+@pytest.mark.parametrize(("text", "offset"), [("", 0), ("  ", 0), ("0", 0), (" 1000 ", 1000), ("56425", 56425)])
+def test_a_port_offset_keeps_every_default_port_within_1_to_65535(
+    text: str, offset: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ports.PORT_OFFSET_VARIABLE, text)
+    assert ports.port_offset() == offset
+    assert ports.default_endpoint() == f"tcp://127.0.0.1:{5555 + offset}"
+    assert max(int(p.rpartition(":")[2]) for p in ports.default_etcd().split(",")) <= 65535
+
+
+def test_the_console_refuses_a_bad_port_offset_as_bad_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(ports.PORT_OFFSET_VARIABLE, "99999")
+    assert serve.main(["--listen", "127.0.0.1:0"]) == 2
+    assert "SMARTCACHE_PORT_OFFSET='99999'" in capsys.readouterr().err
+
+
+# --- arguments that cannot be meant ---
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--timeout", "-1", "ping"], "argument --timeout: must be a number of seconds above 0, not -1"),
+        (["--timeout", "0", "ping"], "argument --timeout: must be a number of seconds above 0, not 0"),
+        (["--timeout", "nan", "ping"], "argument --timeout: must be a number of seconds above 0, not nan"),
+        (["--timeout", "soon", "ping"], "argument --timeout: 'soon' is not a number of seconds"),
+        (["events", "tail", "--idle", "-2"], "argument --idle: must be a number of seconds above 0, not -2"),
+        (["session-create", ""], "argument client_id: the client id is empty: give one, e.g. client-42"),
+        (["session-list", "  "], "argument client_id: the client id is blank"),
+        (["products-get", "", "1"], "argument client_id: the client id is empty"),
+        (["session-delete-client", ""], "argument client_id: the client id is empty"),
+        (["device-bind", "dev-1", ""], "argument client_id: the client id is empty"),
+        (["device-bind", "", "client-1"], "argument device_id: the device id is empty: give one, e.g. dev-1"),
+        (["device-lookup", ""], "argument device_id: the device id is empty"),
+    ],
+)
+def test_what_cannot_be_meant_is_refused_naming_the_argument(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert message in _refused(argv, capsys)
+
 
 # --- exit codes ---
 

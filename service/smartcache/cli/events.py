@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from smartcache.cli import exits
+from smartcache.cli.arguments import seconds
 from smartcache.client import Client
 from smartcache.client.clients import SUBSCRIBE_RETRY_S
 from smartcache.wire.errors import CursorTooOld
@@ -64,7 +65,7 @@ def add_parsers(sub: Any) -> None:
         f"{EVENTS_PORT} + ${PORT_OFFSET_VARIABLE}; now %(default)s)",
     )
     tail.add_argument("--count", type=int, metavar="N", help="stop after N events")
-    tail.add_argument("--idle", type=float, metavar="SECONDS", help="stop after SECONDS without an event")
+    tail.add_argument("--idle", type=seconds, metavar="SECONDS", help="stop after SECONDS without an event")
 
 
 def from_sequence(text: str) -> int | dict[str, int]:

@@ -23,7 +23,6 @@ byte strings are {"hex": "..."}. A transport error or a timeout prints
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import uuid
@@ -37,10 +36,18 @@ from smartcache.cli import admin as cli_admin
 from smartcache.cli import coordination as cli_coordination
 from smartcache.cli import events as cli_events
 from smartcache.cli import exits, output
+from smartcache.cli.arguments import identifier, parse_data, parse_set, seconds, session_id
 from smartcache.client import DEFAULT_TIMEOUT_S, Client, CurveKeys, Reply
 from smartcache.wire import REGISTRY
 from smartcache.wire.errors import RequestError, RequestTimeout
-from smartcache.wire.ports import ENDPOINT_VARIABLE, LISTEN_PORT, PORT_OFFSET_VARIABLE, default_endpoint
+from smartcache.wire.ports import (
+    ENDPOINT_VARIABLE,
+    LISTEN_PORT,
+    PORT_OFFSET_VARIABLE,
+    PortOffsetError,
+    default_endpoint,
+    port_offset,
+)
 
 #: product data types the core backend serves (the service's SMARTCACHE_PREWARM_TYPES default)
 DATA_TYPES = "1 accounts, 2 cards, 3 deposits, 4 loans"
@@ -71,13 +78,9 @@ def _render(reply: Reply) -> dict[str, Any]:
     return out
 
 
-def _session(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a session id (UUID text, as session-create prints)"
-        ) from None
+#: the bank's client id and a device id: never empty (the service would key an empty one like any other)
+_client_id = identifier("client id", "client-42")
+_device_id = identifier("device id", "dev-1")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,10 +135,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help=f"seconds to wait for the reply before giving up (exit {exits.TIMEOUT}); default %(default)s",
+        help=f"seconds to wait for the reply before giving up (exit {exits.TIMEOUT}); above 0, default %(default)s",
     )
     sub = p.add_subparsers(
         dest="command",
@@ -151,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     def session(
         sp: argparse.ArgumentParser, help: str = "the session id (UUID text, as session-create prints)"
     ) -> None:
-        sp.add_argument("session", type=_session, metavar="UUID", help=help)
+        sp.add_argument("session", type=session_id, metavar="UUID", help=help)
 
     def data(sp: argparse.ArgumentParser, *flag: str) -> None:
         sp.add_argument(*(flag or ("data",)), metavar="DATA", help=DATA_HELP)
@@ -168,21 +171,23 @@ def _parser() -> argparse.ArgumentParser:
     data(cp)
     cp.add_argument("--ttl", type=int, metavar="SECONDS", help="lifetime in seconds (default: Tarantool's, 1800)")
     cp.add_argument("--data-type", type=int, metavar="N", help=f"data type stored with the entry ({DATA_TYPES})")
-    cp.add_argument("--session", type=_session, metavar="UUID", help=session_help)
+    cp.add_argument("--session", type=session_id, metavar="UUID", help=session_help)
     for name, summary in (("cache-get", "read a cache entry"), ("cache-delete", "delete a cache entry")):
         sp = command(name, summary)
         sp.add_argument("key", help="the cache key")
-        sp.add_argument("--session", type=_session, metavar="UUID", help=session_help)
+        sp.add_argument("--session", type=session_id, metavar="UUID", help=session_help)
 
     b = command("device-bind", "bind a device to a client, so its app starts prewarm")
-    b.add_argument("device_id", help="the device id")
-    b.add_argument("client_id", help="the bank's client id")
-    command("device-lookup", "which client a device is bound to").add_argument("device_id", help="the device id")
+    b.add_argument("device_id", type=_device_id, help="the device id")
+    b.add_argument("client_id", type=_client_id, help="the bank's client id")
+    command("device-lookup", "which client a device is bound to").add_argument(
+        "device_id", type=_device_id, help="the device id"
+    )
     command("app-start", "tell the service an app started (fire and forget: prints SENT)").add_argument(
-        "device_id", help="the device id"
+        "device_id", type=_device_id, help="the device id"
     )
     g = command("products-get", "a client's products of one data type")
-    g.add_argument("client_id", help="the bank's client id")
+    g.add_argument("client_id", type=_client_id, help="the bank's client id")
     g.add_argument("data_type", type=int, help=f"product data type: {PRODUCT_TYPES}")
     cli_coordination.add_parsers(command, data)
     return _with_modules(p, sub)
@@ -214,13 +219,13 @@ def _session_commands(
 ) -> None:
     """session-create ... session-list on the parser (command, session and data are _parser's helpers)."""
     c = command("session-create", "create a session for a client; prints its id")
-    c.add_argument("client_id", help="the bank's client id")
+    c.add_argument("client_id", type=_client_id, help="the bank's client id")
     data(c, "--data")
     c.add_argument(
         "--ttl", type=int, metavar="SECONDS", help="sliding lifetime in seconds (default: Tarantool's, 1800)"
     )
     c.add_argument("--version", metavar="APP_VERSION", help="the app version that opens the session, e.g. 5.2.0")
-    c.add_argument("--session", type=_session, metavar="UUID", help="use this session id (UUID) instead of a new one")
+    c.add_argument("--session", type=session_id, metavar="UUID", help="use this session id (UUID) instead of a new one")
     c.add_argument("--max-sessions", type=int, metavar="N", help="the client's live sessions after this one, at most")
     c.add_argument(
         "--limit-policy",
@@ -243,37 +248,11 @@ def _session_commands(
     )
     session(command("session-rotate", "give a session a new id (at login); prints the new id"))
     lo = command("session-delete-client", "log out everywhere: end every session of a client; prints how many")
-    lo.add_argument("client_id", help="the bank's client id")
-    lo.add_argument("--keep", type=_session, metavar="UUID", help="a session of the client that stays (the caller's)")
-    command("session-list", "list a client's live sessions").add_argument("client_id", help="the bank's client id")
-
-
-def _parse_data(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """DATA is JSON unless --raw: a typo in JSON must not be stored as a string silently."""
-    text = getattr(a, "data", None)
-    if text is None or a.raw:
-        return
-    try:
-        a.data = json.loads(text)
-    except json.JSONDecodeError as e:
-        p.error(f"DATA is not valid JSON ({e}); quote a string as '\"text\"' or pass --raw to send it as is")
-
-
-def _parse_set(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """session-update --set: a JSON object; one of DATA or --set/--unset."""
-    text = getattr(a, "set", None)
-    if a.command != "session-update":
-        return
-    if (a.data is None) == (text is None and a.unset is None):
-        p.error("session-update takes DATA, or --set / --unset, not both and not neither")
-    if text is None:
-        return
-    try:
-        a.set = json.loads(text)
-    except json.JSONDecodeError as e:
-        p.error(f"--set is not valid JSON ({e})")
-    if not isinstance(a.set, dict):
-        p.error("--set must be a JSON object: '{\"attribute\": value}'")
+    lo.add_argument("client_id", type=_client_id, help="the bank's client id")
+    lo.add_argument("--keep", type=session_id, metavar="UUID", help="a session of the client that stays (the caller's)")
+    command("session-list", "list a client's live sessions").add_argument(
+        "client_id", type=_client_id, help="the bank's client id"
+    )
 
 
 def _run(c: Client, a: argparse.Namespace) -> Reply | None:
@@ -336,17 +315,28 @@ def _print(doc: dict[str, Any], kind: str = "") -> None:
     print(output.render(doc, kind, as_json=_AS_JSON))
 
 
+def _parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser and the arguments; a bad $SMARTCACHE_PORT_OFFSET (read for the defaults) or a bad argument is a
+    usage error."""
+    try:
+        port_offset()
+    except PortOffsetError as e:
+        _print({"error": "BAD_ARGUMENT", "message": f"smartcache-cli: {e}"})
+        sys.exit(exits.USAGE)
+    parser = _parser()
+    return parser, parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The exit code: one per kind of outcome (cli/exits.py)."""
     global _AS_JSON
-    parser = _parser()
-    args = parser.parse_args(argv)
+    parser, args = _parse(argv)
     _AS_JSON = args.json or not sys.stdout.isatty()
     if args.command in cli_admin.COMMANDS:
         kind = f"{args.command}-{getattr(args, 'operation', '')}"
         return cli_admin.run(args, lambda doc: _print(_jsonable(doc), kind))
-    _parse_data(parser, args)
-    _parse_set(parser, args)
+    parse_data(parser, args)
+    parse_set(parser, args)
     endpoint = args.endpoint
     curve = None
     if args.curve_server_key or args.curve_key:

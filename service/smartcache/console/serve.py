@@ -2,8 +2,8 @@
 ``--listen`` until SIGTERM or Ctrl-C.
 
 Exit 0 on SIGTERM/SIGINT, 1 when the port cannot be bound, 2 on bad settings
-(production without the operator token among them), one ``bad_settings`` line
-naming what is wrong.
+(production without the operator token among them, a ``$SMARTCACHE_PORT_OFFSET`` that
+is not a number or moves a port past 65535), one ``bad_settings`` line naming what is wrong.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from aiohttp import web
 
 from smartcache.console.app import make_app
 from smartcache.console.settings import EXIT_BAD, Settings, SettingsError, from_args
+from smartcache.wire.ports import PortOffsetError
 
 EXIT_OK, EXIT_BIND = 0, 1
 
@@ -74,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logs()
     try:
         settings = from_args(argv)
-    except SettingsError as e:
+    except (SettingsError, PortOffsetError) as e:  # the offset is read for the defaults of the options
         structlog.get_logger("smartcache.console").error("bad_settings", message=str(e))
         print(f"smartcache-console: {e}", file=sys.stderr)  # noqa: T201 - the one line an operator reads
         return EXIT_BAD

@@ -39,10 +39,30 @@ ETCD_PEER_PORTS = (2380, 2480, 2580)
 BACKEND_PORT = 8090
 
 
+#: the highest offset that keeps every default port above within 1..65535 (make run's check is the same)
+MAX_PORT_OFFSET = 65535 - max(
+    LISTEN_PORT, EVENTS_PORT, METRICS_PORT, CONSOLE_PORT, BACKEND_PORT,
+    *TARANTOOL_PORTS, *TARANTOOL_HTTP_PORTS, *ETCD_PORTS, *ETCD_PEER_PORTS,
+)  # fmt: skip
+
+
+class PortOffsetError(ValueError):
+    """``$SMARTCACHE_PORT_OFFSET`` is not a whole number 0..MAX_PORT_OFFSET; the message says what it is and what
+    is expected. The programs refuse to start on it (exit 2) rather than ignore it or use ports past 65535."""
+
+
 def port_offset() -> int:
-    """``$SMARTCACHE_PORT_OFFSET`` as a number (0 when unset or not a number)."""
-    offset = os.environ.get(PORT_OFFSET_VARIABLE, "").strip()
-    return int(offset) if offset.isdigit() else 0
+    """``$SMARTCACHE_PORT_OFFSET`` as a number: 0 when unset or empty; raises PortOffsetError when it is not a
+    whole number 0..MAX_PORT_OFFSET (``abc`` was ignored, ``99999`` moved 5555 to 105554)."""
+    text = os.environ.get(PORT_OFFSET_VARIABLE, "").strip()
+    if not text:
+        return 0
+    if not text.isdecimal() or int(text) > MAX_PORT_OFFSET:
+        raise PortOffsetError(
+            f"{PORT_OFFSET_VARIABLE}={text!r}: a whole number 0..{MAX_PORT_OFFSET} is expected (it is added to every "
+            f"default port, the highest of which is {65535 - MAX_PORT_OFFSET}: ports end at 65535)"
+        )
+    return int(text)
 
 
 def default_endpoint() -> str:
