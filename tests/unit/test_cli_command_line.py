@@ -54,6 +54,7 @@ def test_the_console_refuses_a_bad_port_offset_as_bad_settings(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(ports.PORT_OFFSET_VARIABLE, "99999")
+    monkeypatch.setattr(serve, "configure_logs", lambda: None)  # structlog stays as the other tests set it
     assert serve.main(["--listen", "127.0.0.1:0"]) == 2
     assert "SMARTCACHE_PORT_OFFSET='99999'" in capsys.readouterr().err
 
