@@ -171,8 +171,10 @@ def test_cli_help_documents_endpoint_and_exit_codes() -> None:
         (["ping"], {"SMARTCACHE_PORT_OFFSET": "99999"}, "SMARTCACHE_PORT_OFFSET='99999': a whole number 0..56425"),
         (["--timeout", "-1", "ping"], {}, "argument --timeout: must be a number of seconds above 0, not -1"),
         (["session-create", ""], {}, "argument client_id: the client id is empty"),
+        (["sesion-get", "x"], {}, "invalid choice: 'sesion-get' (did you mean session-get"),
+        (["cluster", "status", "--jsn"], {}, "--jsn (did you mean --json?)"),
     ],
-    ids=["offset abc", "offset 99999", "timeout -1", "empty client id"],
+    ids=["offset abc", "offset 99999", "timeout -1", "empty client id", "mistyped command", "mistyped option"],
 )
 def test_what_newcomers_typed_is_refused_with_a_precise_message_and_exit_2(
     args: list[str], env: dict[str, str], said: str

@@ -1,6 +1,6 @@
 """smartcache-cli's command line (issue 36, what newcomers tripped on): what cannot be meant is refused with a
-precise message (a port offset, a timeout, an empty id), and every kind of outcome has its own exit code, listed in
---help."""
+precise message (a port offset, a timeout, an empty id), a mistyped name gets "did you mean", and every kind of
+outcome has its own exit code, listed in --help."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from smartcache.cli import exits, main
+from smartcache.cli import exits, main, suggest
 from smartcache.console import serve
 from smartcache.wire import ports
 from smartcache.wire.errors import RequestError, RequestTimeout
@@ -83,6 +83,35 @@ def test_what_cannot_be_meant_is_refused_naming_the_argument(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in _refused(argv, capsys)
+
+
+# --- did you mean ---
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["sesion-get", "x"], "invalid choice: 'sesion-get' (did you mean session-get"),
+        (["cluster", "statsu"], "invalid choice: 'statsu' (did you mean status?"),
+        (["cluster", "drian", "s1"], "invalid choice: 'drian' (did you mean drain?"),
+        (["events", "tial"], "invalid choice: 'tial' (did you mean tail?"),
+        (["ping", "--jsn"], "unrecognized arguments: --jsn (did you mean --json?)"),
+        (["--jsn", "ping"], "unrecognized arguments: --jsn (did you mean --json?)"),
+        (["cluster", "status", "--clustr", "x"], "--clustr (did you mean --cluster, given before status?) x"),
+        (["ping", "--timout", "1"], "--timout (did you mean --timeout, given before ping?) 1"),
+    ],
+)
+def test_a_mistyped_command_or_option_is_answered_with_the_closest_names(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert said in _refused(argv, capsys)
+
+
+def test_nothing_close_gets_argparse_s_own_list_of_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    message = _refused(["xyzzy"], capsys)
+    assert "invalid choice: 'xyzzy' (choose from 'ping', 'info'" in message
+    assert "did you mean" not in message
+    assert "did you mean" not in suggest.unrecognized(main._parser(), main._parser().parse_args(["ping"]), ["--zz"])
 
 
 # --- exit codes ---

@@ -17,7 +17,8 @@ tables), one JSON object with --json or when stdout is not a terminal (a pipe,
 a file). Session ids are UUID text everywhere (session-list included); other
 byte strings are {"hex": "..."}. A transport error or a timeout prints
 {"error": NAME, "message": ..., "endpoint": ...}; bad arguments print
-{"error": "BAD_ARGUMENT", "message": ...} (and the usage on stderr).
+{"error": "BAD_ARGUMENT", "message": ...} (and the usage on stderr), with the
+names closest to a mistyped command or option ("did you mean").
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import argparse
 import os
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 import zmq
@@ -35,7 +36,7 @@ from smartcache import __version__
 from smartcache.cli import admin as cli_admin
 from smartcache.cli import coordination as cli_coordination
 from smartcache.cli import events as cli_events
-from smartcache.cli import exits, output
+from smartcache.cli import exits, output, suggest
 from smartcache.cli.arguments import identifier, parse_data, parse_set, seconds, session_id
 from smartcache.client import DEFAULT_TIMEOUT_S, Client, CurveKeys, Reply
 from smartcache.wire import REGISTRY
@@ -84,12 +85,21 @@ _device_id = identifier("device id", "dev-1")
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad arguments are one JSON object on stdout too, like every other outcome; the usage goes to stderr."""
+    """Bad arguments are one JSON object on stdout too, like every other outcome; the usage goes to stderr. A
+    mistyped command or operation is answered with the closest names (cli/suggest.py)."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         _print({"error": "BAD_ARGUMENT", "message": f"{self.prog}: {message}"})
         sys.exit(exits.USAGE)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices: Iterable[Any] | None = action.choices
+        if choices is not None and value not in choices:
+            message = suggest.invalid_choice(str(value), [str(c) for c in choices])
+            if message is not None:
+                raise argparse.ArgumentError(action, message)
+        super()._check_value(action, value)
 
 
 JSON_HELP = (
@@ -316,15 +326,18 @@ def _print(doc: dict[str, Any], kind: str = "") -> None:
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    """The parser and the arguments; a bad $SMARTCACHE_PORT_OFFSET (read for the defaults) or a bad argument is a
-    usage error."""
+    """The parser and the arguments; a bad $SMARTCACHE_PORT_OFFSET (read for the defaults), a bad argument or an
+    unknown option (with the closest known ones) is a usage error."""
     try:
         port_offset()
     except PortOffsetError as e:
         _print({"error": "BAD_ARGUMENT", "message": f"smartcache-cli: {e}"})
         sys.exit(exits.USAGE)
     parser = _parser()
-    return parser, parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        parser.error(suggest.unrecognized(parser, args, extras))
+    return parser, args
 
 
 def main(argv: list[str] | None = None) -> int:
