@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pty
 import socket
 import subprocess
 import sys
@@ -185,6 +186,30 @@ def test_what_newcomers_typed_is_refused_with_a_precise_message_and_exit_2(
     assert doc["error"] == "BAD_ARGUMENT"
     assert said in doc["message"]
     assert "Traceback" not in done.stderr
+
+
+def test_events_tail_prints_json_lines_on_a_terminal_as_the_readme_says(svc: Running) -> None:
+    """The README: `smartcache-cli events tail  # every change as a JSON line`, typed on a terminal (a pseudo-
+    terminal here); --format columns lays them out for reading."""
+    assert svc.service.events is not None
+    topic = f"app.tty-{uuid.uuid4().hex[:8]}"
+    seq = svc.client.event_publish(topic, {"n": 1}, key="k1").body["seq"]
+    tail = [str(BIN / "smartcache-cli"), "--endpoint", svc.endpoint, "events", "tail", "--topic", topic]
+    tail += ["--from", str(seq), "--count", "1", "--publishers", svc.service.events.endpoint]
+    for extra, as_json in (([], True), (["--format", "columns"], False)):
+        out = bytearray()
+
+        def read(fd: int, out: bytearray = out) -> bytes:
+            data = os.read(fd, 1024)
+            out.extend(data)
+            return data
+
+        assert os.waitstatus_to_exitcode(pty.spawn([*tail, *extra], read)) == 0
+        (line,) = out.decode().replace("\r\n", "\n").strip().splitlines()
+        if as_json:
+            assert json.loads(line)["seq"] == seq
+        else:
+            assert line.startswith(f"{seq}  {topic}  k1  ")
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -99,6 +99,7 @@ def test_what_cannot_be_meant_is_refused_naming_the_argument(
         (["--jsn", "ping"], "unrecognized arguments: --jsn (did you mean --json?)"),
         (["cluster", "status", "--clustr", "x"], "--clustr (did you mean --cluster, given before status?) x"),
         (["ping", "--timout", "1"], "--timout (did you mean --timeout, given before ping?) 1"),
+        (["events", "tail", "--fromat", "json"], "--fromat (did you mean --format or --from?) json"),
     ],
 )
 def test_a_mistyped_command_or_option_is_answered_with_the_closest_names(
@@ -148,3 +149,35 @@ def test_a_timeout_and_a_transport_error_exit_apart_from_a_usage_error(
     assert main.main(["--endpoint", "tcp://127.0.0.1:1", "ping"]) == code
     assert json.loads(capsys.readouterr().out)["error"] == error.transport_error
     assert code != exits.USAGE
+
+
+# --- events tail prints JSON lines, on a terminal too ---
+
+EVENT = {"seq": 7, "topic": "app.x", "key": "k", "time_ms": 1, "payload": {"n": 1}}
+
+
+@pytest.mark.parametrize(
+    ("flags", "json_line"),
+    [
+        ([], True),
+        (["--format", "json"], True),
+        (["--format", "columns"], False),
+        (["--format", "columns", "--json"], True),
+    ],
+)
+def test_events_tail_prints_json_lines_on_a_terminal_unless_asked_for_columns(
+    flags: list[str], json_line: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(main.sys.stdout, "isatty", lambda: True)  # a terminal, as the README's example is typed
+
+    def run(_client: Any, _args: Any, emit: Any) -> int:
+        emit(dict(EVENT))
+        return exits.OK
+
+    monkeypatch.setattr(main.cli_events, "run", run)
+    assert main.main(["--endpoint", "tcp://127.0.0.1:1", "events", "tail", *flags]) == exits.OK
+    line = capsys.readouterr().out.strip()
+    if json_line:
+        assert json.loads(line) == EVENT
+    else:
+        assert line == '7  app.x  k  {"n":1}'

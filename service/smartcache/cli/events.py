@@ -3,8 +3,10 @@
 ``events tail`` subscribes like a front server does (Client.subscribe:
 EVENTS_READ to catch up from ``--from``, then the service's PUB socket, gaps
 recovered) and prints one JSON object per event, a line each, flushed, until
-Ctrl-C, ``--count`` events or ``--idle`` seconds without one. main.py wires it
-in, with the service endpoint and CURVE keys of every other command.
+Ctrl-C, ``--count`` events or ``--idle`` seconds without one: on a terminal too, as
+the README says (``--format columns``: seq, topic, key and payload in columns, for
+reading). main.py wires it in, with the service endpoint and CURVE keys of every
+other command.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from smartcache.wire.errors import CursorTooOld
 from smartcache.wire.ports import EVENTS_ENDPOINT_VARIABLE, EVENTS_PORT, PORT_OFFSET_VARIABLE, default_events_endpoint
 
 COMMANDS = ("events",)
+#: how events are printed: one JSON object a line (the default, a terminal included), or columns for reading
+FORMATS = ("json", "columns")
 #: without --idle, a poll this long at a time (Ctrl-C ends it)
 POLL_S = 3600.0
 Emit = Callable[[dict[str, Any]], None]
@@ -40,8 +44,9 @@ def add_parsers(sub: Any) -> None:
         "tail",
         help="print events as they come, one JSON object per line",
         description="Catch up from --from with EVENTS_READ, then follow the service's events socket; every event "
-        f"once, in order. Exit {exits.OK} at Ctrl-C, --count or --idle; {exits.STATUS} if the events after --from "
-        "were dropped by retention (CURSOR_TOO_OLD).",
+        "once, in order, one JSON object per line (on a terminal too; --format columns lays them out for reading). "
+        f"Exit {exits.OK} at Ctrl-C, --count or --idle; {exits.STATUS} if the events after --from were dropped by "
+        "retention (CURSOR_TOO_OLD).",
     )
     tail.add_argument(
         "--topic",
@@ -66,6 +71,13 @@ def add_parsers(sub: Any) -> None:
     )
     tail.add_argument("--count", type=int, metavar="N", help="stop after N events")
     tail.add_argument("--idle", type=seconds, metavar="SECONDS", help="stop after SECONDS without an event")
+    tail.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="json",
+        help="json: one JSON object per event and line (the default, on a terminal too); columns: seq, topic, key "
+        "and payload, for reading (--json overrides it)",
+    )
 
 
 def from_sequence(text: str) -> int | dict[str, int]:

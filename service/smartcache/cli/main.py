@@ -14,7 +14,8 @@ else tcp://127.0.0.1:5555 (plus SMARTCACHE_PORT_OFFSET, as make run moves it).
 Output: one document on stdout: "status" and the reply's fields, laid out for
 reading on a terminal (info in sections like redis-cli INFO, cluster status as
 tables), one JSON object with --json or when stdout is not a terminal (a pipe,
-a file). Session ids are UUID text everywhere (session-list included); other
+a file); events tail prints JSON lines on a terminal too (--format columns lays
+them out). Session ids are UUID text everywhere (session-list included); other
 byte strings are {"hex": "..."}. A transport error or a timeout prints
 {"error": NAME, "message": ..., "endpoint": ...}; bad arguments print
 {"error": "BAD_ARGUMENT", "message": ...} (and the usage on stderr), with the
@@ -348,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in cli_admin.COMMANDS:
         kind = f"{args.command}-{getattr(args, 'operation', '')}"
         return cli_admin.run(args, lambda doc: _print(_jsonable(doc), kind))
+    if args.command in cli_events.COMMANDS:  # JSON lines unless --format columns, on a terminal too (the README)
+        _AS_JSON = args.json or args.format == "json"
     parse_data(parser, args)
     parse_set(parser, args)
     endpoint = args.endpoint
