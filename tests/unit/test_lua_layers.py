@@ -15,7 +15,7 @@ skipped) and checked against the layout below, which lua/README.md draws:
 - init.lua, the entry point, requires what the instance may, and nobody requires it.
 
 A module that is in none of these (a new file) fails too: put it in a room, or declare it here.
-Reads files only; ``make lint`` runs it.
+Reads files only; the unit tests run it (``make test-unit``, ``make test``).
 """
 
 from __future__ import annotations
