@@ -1,7 +1,7 @@
 #!/usr/bin/env tarantool
 -- python -m loadtest events, number 4: dropping a day partition of N events
 -- (default 1,000,000) on a standalone instance. Prints one JSON line:
---   drop_ms             the drop itself (event_partitions.drop: floor row + space drop, one transaction)
+--   drop_ms             the drop itself (events/partitions.lua's drop: floor row + space drop, one transaction)
 --   maintain_ms         the whole maintenance round that found it past retention
 --   loop_stall_max_ms   longest time a fiber waiting for the next loop turn waited, from just before the
 --                       round to 2 s after it (memtx frees the tuples in the background meanwhile)

@@ -47,7 +47,7 @@ ALL = (*ETCDS, *TARANTOOLS, *SERVICES, "backend", "prometheus", "console")
 PREWARM_TYPES = (1, 2, 3, 4)
 HEALTHY_TIMEOUT_S = 120.0
 ALERT_TIMEOUT_S = 90.0
-#: the leader's lease (compose: SC_LEADER_TTL_S); a failover takes at most TTL + 2 s (lua/README.md)
+#: the leader's lease (compose: SC_LEADER_TTL_S); a failover takes at most TTL + 2 s (docs/storage-failover.md)
 TTL_S = float(os.environ.get("SC_LEADER_TTL_S") or 5)
 #: what a container restart and the service's next role poll may add on top
 FAILOVER_MARGIN_S = 5.0

@@ -1,7 +1,7 @@
 """What a bank's front tier needs of sessions, through two service instances on one storage: each is one
 atomic storage operation, so it holds however the front servers' requests interleave.
 
-The pains these answer are Spring Session's and Spring Security's (README, "Sessions compared"): a limit
+The pains these answer are Spring Session's and Spring Security's (docs/sessions.md): a limit
 checked and written in two steps lets two logins through (spring-security#12867), concurrent attribute
 writes lose each other (spring-session#1471), the id is not rotated at login under load
 (spring-session#547), listing and ending a user's sessions needs a principal index kept right.

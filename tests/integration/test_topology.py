@@ -3,7 +3,7 @@
 A fourth instance added with ``smartcache-cli cluster add`` under write load joins and counts in the
 leader's quorum, and is removed again the same way (out of the quorum first, then out of the list), with
 no restart of anything and no acknowledged write lost; the leader is never removed; the service finds the
-new instance in etcd and forgets it again (INFO's storage list). lua/README.md, "Topology", says why each
+new instance in etcd and forgets it again (INFO's storage list). docs/storage-failover.md, "Topology", says why each
 step is safe; tests/lua/failover_test.lua tests the state machine against a fake etcd.
 """
 

@@ -8,7 +8,7 @@ It never changes a role or the membership by itself: a switchover is asked of th
 which hands its etcd key to the candidate; a rejoin is asked of the instance to rebuild,
 which restarts empty and copies the leader; a membership change (init, add, remove) is asked
 of the leader, which writes the topology in etcd by compare-and-swap and waits for the
-others (lua/README.md, "Topology"); the procedures are lua/smartcache/failover/procedures.lua's.
+others (docs/storage-failover.md, "Topology"); the procedures are lua/smartcache/failover/procedures.lua's.
 
 An instance that stops answering in the middle of a switchover or a rejoin (the leader
 killed during the hand-over: the connector's NetworkError, errno 104) is an answer too:

@@ -1,7 +1,7 @@
 """The events publisher: one reader of the event log per service instance, and the PUB socket
 front servers subscribe to (issue 16).
 
-Storage keeps the log (lua/smartcache/events.lua): every change that matters
+Storage keeps the log (lua/smartcache/events/log.lua): every change that matters
 writes its event in its own transaction, numbered by a gap-free sequence. The
 publisher reads it from the leader with ``events_read``, which waits *inside*
 Tarantool on a fiber.cond until a commit (push: no polling, one round trip per
@@ -21,7 +21,7 @@ It runs on the broker's event loop beside the worker slots (measured: p50 2.3
 against 2.5-4 ms, p90 6 against 8-13 ms with a thread of its own, at 5,000
 events/s written through the service: no GIL hand-off), or on a thread when
 the workers have threads. The reader follows the leader like the workers do
-(service/smartcache/server/storage/routing.py: it asks every instance its role); after a failover it
+(service/smartcache/server/storage/leadership.py: every instance is asked its role); after a failover it
 goes on from its last sequence on the new leader, which has every acknowledged
 event (synchronous partitions in HA), so the stream stays gap-free. It starts at the head: events committed
 while no publisher ran are read by subscribers with EVENTS_READ, never

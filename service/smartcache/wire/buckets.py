@@ -4,7 +4,7 @@ docs/design/sharding.md is the design. A key's bucket is ``crc32c(utf8(key)) mod
 (CRC-32C, Castagnoli: the polynomial 0x82F63B78 reflected, initial value and final XOR
 0xFFFFFFFF; its check value ``crc32c(b"123456789") == 0xE3069283``). Tarantool
 computes the same with ``bit.bxor(digest.crc32(s), 0xFFFFFFFF)`` (its ``digest.crc32``
-leaves out the final XOR): lua/smartcache/buckets.lua, and proto/vectors/buckets.json
+leaves out the final XOR): lua/smartcache/sharding/buckets.lua, and proto/vectors/buckets.json
 holds vectors both sides are tested against.
 
 A session id made by a sharded cluster is a UUID version 8 (RFC 9562) whose first two

@@ -1,7 +1,7 @@
 """The storage cluster's members as etcd holds them: the keys and their JSON, for the CLI and the service.
 
 Tarantool writes them (lua/smartcache/failover/topology.lua and membership.lua,
-whose lua/README.md section "Topology" is the reference); smartcache-cli reads
+whose docs/storage-failover.md section "Topology" is the reference); smartcache-cli reads
 them for ``cluster status`` and the service for its list of instances. Both
 need the same key names and the same reading of a value, and the server may
 not import the CLI, so this small parser lives here with the other formats the

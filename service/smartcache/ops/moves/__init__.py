@@ -1,8 +1,9 @@
 """Moving buckets between shards: one bucket's move, the settling of moves left half-done, and plans.
 
-docs/design/resharding.md is the design and lua/README.md ("Moving a bucket") the
-states and transitions, each a compare-and-set that storage checks
-(lua/smartcache/moves.lua). This package only drives them, in the order that keeps
+docs/design/resharding.md is the design and docs/storage-sharding.md ("Moving a bucket")
+the states and transitions, each a compare-and-set that storage checks
+(lua/smartcache/sharding/moves.lua; the transitions as data in sharding/transitions.lua).
+This package only drives them, in the order that keeps
 a bucket active on at most one shard:
 
 1. source ``send_start`` (active -> sending, generation + 1: the bucket's calls are

@@ -1,7 +1,7 @@
 """The per-session cache: data between requests under any key (CACHE_*).
 
 A key lives in one session (or none, for shared data), with a data type and a
-TTL; deleting the session deletes its keys (lua/smartcache/cache.lua).
+TTL; deleting the session deletes its keys (lua/smartcache/sessions/cache.lua).
 """
 
 from __future__ import annotations

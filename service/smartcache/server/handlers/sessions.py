@@ -4,8 +4,8 @@ log out everywhere, and a client's list (SESSION_*).
 A read refreshes a session's deadline in storage once a tenth of its TTL has passed since the
 last refresh, keeping it alive; a stale or missing one answers NOT_FOUND, after which the front
 server ends the session. Each call is one storage transaction (log out everywhere: one per
-batch), so the limits and merges hold under concurrency (lua/smartcache/sessions.lua keeps the
-rules).
+batch), so the limits and merges hold under concurrency (lua/smartcache/sessions/ keeps the
+rules: create.lua, update.lua, ends.lua...).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Which Tarantool instances there are, read from etcd: ``SMARTCACHE_ETCD`` + ``SMARTCACHE_CLUSTER``.
 
 The cluster's members live in etcd (service/smartcache/wire/topology.py; Tarantool keeps
-them, lua/README.md "Topology"): the topology key's members, but those being
+them, docs/storage-failover.md "Topology"): the topology key's members, but those being
 removed; in a cluster that has no topology, the uris of the live member records
 (an instance publishes one on its lease in HA mode). :class:`Discovery` reads
-them; :class:`~smartcache.server.storage.routing.Storage` asks it every
+them; a Storage's :class:`~smartcache.server.storage.membership.Membership` asks it every
 ``DISCOVERY_INTERVAL_S`` and starts an ``Instance`` for a new address and closes
 the one of an address gone.
 

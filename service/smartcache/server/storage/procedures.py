@@ -1,9 +1,9 @@
-"""Which stored procedures write: the facts about lua/smartcache/api.lua that routing needs.
+"""Which stored procedures write: the facts about lua/smartcache/api.lua and api/ that routing needs.
 
 A write goes to the leader only, and waits for one while none is known; a read may fall back
 to the last leader (:mod:`.leadership`). A write that succeeds again after failures is logged
 as writes recovered (:mod:`.outcomes`). tests/unit/test_registry.py checks :data:`WRITES`
-against api.lua's ``writes`` table.
+against the ``writes`` table of api/writes.lua, which api.lua registers.
 """
 
 from __future__ import annotations
