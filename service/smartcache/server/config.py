@@ -99,7 +99,7 @@ OTHER_PROGRAMS_VARIABLES = frozenset(
         "SMARTCACHE_CURVE_SERVER_KEY_FILE",
         "SMARTCACHE_CURVE_KEY_FILE",
         "SMARTCACHE_VAR",
-        "SMARTCACHE_SHARDS",  # make run: service/smartcache/devstack/stack.py SHARDS_VARIABLE
+        "SMARTCACHE_SHARDS",  # make run: service/smartcache/devstack/plan.py SHARDS_VARIABLE
         "SMARTCACHE_PROTOCOL",
         # the operator's console (service/smartcache/console/settings.py); make run's port for it
         "SMARTCACHE_CONSOLE_LISTEN",

@@ -25,7 +25,7 @@ CURVE is refused with ``--processes`` above 1 (config.py): a proxy in C cannot c
 key, which decides what it may send (security.py), to the child, and a Python proxy would cost the
 core we came for. The proxy's thread, and how it settles at a stop, are proxy.py.
 
-The children are supervised by make run's supervisor (smartcache.supervision, the one supervisor):
+The children are supervised by the one supervisor make run uses too (smartcache.supervision), by a policy of their own:
 a child that dies is logged (``process_died``) and started again after a delay that doubles from
 ``RESTART_DELAY_S`` to ``MAX_RESTART_DELAY_S`` while it keeps dying young (up for less than
 ``STABLE_AFTER_S``), never given up; the others keep serving meanwhile. Restarting rather than

@@ -8,7 +8,7 @@ for the caller to word; stopped in an order, or together: supervisor.py. Signals
 
 It imports nothing else of smartcache: the server may use it, and make run's stack builds on it.
 
-Why no library: docs/development.md ("make run's supervisor") says what was looked at (supervisor,
+Why no library: docs/development.md ("The process supervisor") says what was looked at (supervisor,
 circus, honcho) and why each was a poor fit.
 """
 
