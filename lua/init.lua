@@ -158,7 +158,8 @@ end
 -- from nobody (a joined replica acknowledges writes).
 local function plan_empty_start(client, keys, http_port)
     local instance_uuid = config.instance_uuid or uuid.str()
-    local known = failover.file_store(data_dir).load().topology  -- a rebuild keeps the terms file
+    local kept = failover.file_store(data_dir).load()  -- a rebuild keeps the terms file
+    local known = kept.topology
     known = known and failover.normalize_topology(known) or nil
     local waiter = failover.topology_waiter({client = client, key = keys.members .. instance_uuid, uuid = instance_uuid,
                                     uri = config.advertise, http_port = http_port, candidate = ha.candidate,
@@ -191,16 +192,20 @@ local function plan_empty_start(client, keys, http_port)
             local lease = client:grant(ha.ttl)
             if lease ~= nil then
                 local rs_uuid = uuid.str()
+                -- The first term of a new replica set: 1, or one past any this data dir knew (terms count
+                -- leader changes, docs/operations.md; the key's mod_revision is no term: a fresh shard of an
+                -- etcd that already held another's keys started at term 770).
+                local term = (tonumber(kept.max_term) or 0) + 1
                 local value = json.encode({uuid = instance_uuid, id = 1, uri = config.advertise,
                                            vclock = setmetatable({}, {__serialize = 'map'}),
-                                           replicaset = rs_uuid})
+                                           replicaset = rs_uuid, term = term})
                 local ok, rev = client:txn(
                     {{key = keys.leader, target = 'CREATE', value = 0},
                      {key = keys.replicaset, target = 'CREATE', value = 0},
                      {key = keys.topology, target = 'MOD', value = kvs[3] and kvs[3].mod_revision or 0}},
                     {etcd.op_put(keys.leader, value, lease.id), etcd.op_put(keys.replicaset, rs_uuid)}, {})
                 if ok then
-                    log.info('bootstrapping replica set %s (term %d)', rs_uuid, rev)
+                    log.info('bootstrapping replica set %s (term %d, etcd revision %d)', rs_uuid, term, rev)
                     return {bootstrap = true, uuid = instance_uuid, replicaset = rs_uuid,
                             lease = {id = lease.id, ttl = lease.ttl, sent = t_sent}}
                 end

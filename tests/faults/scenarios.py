@@ -113,12 +113,18 @@ def kill_etcd(run: Run) -> None:
     run.sleep_until(t + down_s)
     restarted = run.healed("etcd started again")
     run.c.restart_etcd()
-    # The lease is proven by keepalives *sent* before the kill: nothing can be written after t + TTL.
-    late = [op for op in run.ops() if op.write and op.outcome == OK and op.invoked > t + TTL_S + 0.2]
+    # The lease is proven by keepalives *sent* before the kill: nothing can be written after t + TTL while etcd
+    # is down. A write sent then may wait in the service for a leader and be acknowledged once etcd is back
+    # (its lifetime is 2 s): that one was written after the outage, and is no violation.
+    late = [
+        op
+        for op in run.ops()
+        if op.write and op.outcome == OK and op.invoked > t + TTL_S + 0.2 and op.completed < restarted
+    ]
     run.check(
-        "no write acknowledged that was sent more than a TTL after etcd died",
+        "no write acknowledged while etcd was down that was sent more than a TTL after it died",
         not late,
-        f"{len(late)}; first {late[0].invoked - t:.2f} s after" if late else "",
+        f"{len(late)}; first sent {late[0].invoked - t:.2f} s after" if late else "",
     )
     reads = _reads_between(run, t + TTL_S + 1, restarted)
     run.check("reads go on while etcd is down", reads[OK] > 0 and reads["fail"] == 0, str(dict(reads)))

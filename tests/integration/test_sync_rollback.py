@@ -17,15 +17,18 @@ procedure answers WRITES_HELD before it begins, a statement already in a transac
 read-only; nothing can enter between the timeout and the end of the rollback.
 
 Two real instances on 127.0.0.1 (a leader with our modules, a plain replica); the leader's quorum is 3
-with one replica, so write A can only time out. A fiber that yields every turn commits C at the moment
-the ROLLBACK row is in the WAL (the LSN moved past A's and A has no answer yet). Then the quorum goes to
-2 and D is written: on a replica that kept C, D's event collides with C's. The control turns the
-workaround off and must show the divergence, or the test proves nothing.
+with one replica, so write A can only time out. Just before its timeout the leader freezes its own WAL
+thread (a cgroup v1 freezer holding that one thread): A's ROLLBACK row then waits in the WAL queue, and
+C, written meanwhile, lands after it every time (a timing window of microseconds, on a busy machine
+missed half the time, made as wide as we like). Then the WAL thaws, the quorum goes to 2 and D is
+written: on a replica that kept C, D's event collides with C's. The control turns the workaround off
+and must show the divergence, or the test proves nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -70,34 +73,45 @@ local function call(name, fn)
     local ok, r = pcall(fn)
     res[name] = ok and (type(r) == 'table' and r.status or 'OK') or tostring(r)
 end
+-- The WAL thread alone frozen (a freezer cgroup holding that one thread), so that A's ROLLBACK row waits
+-- in the WAL queue for as long as we like: a write made meanwhile lands after it, every time.
+local fio = require('fio')
+local freezer = '/sys/fs/cgroup/freezer/smartcache-test-' .. box.info.pid
+local function put(path, text)
+    local f = assert(fio.open(path, {'O_WRONLY'}), path)
+    f:write(text)
+    f:close()
+end
+local wal
+for _, task in ipairs(fio.listdir('/proc/self/task')) do
+    local f = fio.open('/proc/self/task/' .. task .. '/comm', {'O_RDONLY'})
+    if f ~= nil and f:read(64):match('^wal') then wal = task end
+    if f ~= nil then f:close() end
+end
+assert(wal, 'no wal thread')
+assert(fio.mkdir(freezer), 'cannot create ' .. freezer)
+put(freezer .. '/tasks', wal)
+
 box.cfg{replication_synchro_quorum = 3}  -- one replica: nothing can be confirmed, A times out
 local lsn0 = box.info.lsn
 local a = fiber.new(call, 'A', function() return sc.session_create(nil, nil, 'client-a', nil, 600, {}) end)
 a:set_joinable(true)
--- From just before A's deadline until A has its answer, a new write every 0.2 ms (a fiber each, at most
--- 400): those that enter before A's fiber has queued its ROLLBACK row are rolled back everywhere; those
--- that enter after it (while the row is being written) are the ones 2.6.0 rolls back on the leader only.
+while box.info.lsn == lsn0 do fiber.sleep(0.001) end  -- A is in the WAL: its wait of 0.5 s starts
+fiber.sleep(0.3)
+put(freezer .. '/freezer.state', 'FROZEN')
+fiber.sleep(0.5)  -- A timed out meanwhile: its ROLLBACK row waits in the frozen WAL, A's fiber with it
+res.window = res.A == nil
+res.C = {}
 local c = fiber.new(function()
-    local t_a, last = nil, 0
-    res.C = {}
-    while res.A == nil and #res.C < 400 do
-        if t_a == nil and box.info.lsn > lsn0 then
-            t_a = fiber.clock()  -- A is in the WAL: its wait for the quorum starts about now
-        elseif t_a ~= nil and fiber.clock() >= t_a + 0.5 - 0.003 then
-            last = fiber.clock()
-            res.window = true
-            local i = #res.C + 1
-            res.C[i] = 'pending'
-            fiber.new(function()
-                local ok, r = pcall(sc.session_create, nil, nil, 'client-c-' .. i, nil, 600, {})
-                res.C[i] = ok and (type(r) == 'table' and r.status or 'OK') or tostring(r)
-            end)
-        end
-        fiber.yield()
-    end
+    local ok, r = pcall(sc.session_create, nil, nil, 'client-c', nil, 600, {})
+    res.C[1] = ok and (type(r) == 'table' and r.status or 'OK') or tostring(r)
 end)
 c:set_joinable(true)
+fiber.sleep(0.05)  -- C is in the limbo and the WAL queue, after the ROLLBACK row (or refused)
+put(freezer .. '/freezer.state', 'THAWED')
 a:join() c:join()
+put('/sys/fs/cgroup/freezer/tasks', wal)
+fio.rmdir(freezer)
 fiber.sleep(0.1)
 box.cfg{replication_synchro_quorum = 2}
 fiber.sleep(0.2)
@@ -178,6 +192,14 @@ def _run(tmp_path: Path, mode: str) -> dict[str, Any]:
     return doc
 
 
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+def _freezer() -> None:
+    if not (FREEZER / "tasks").exists() or not os.access(FREEZER, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 freezer (root): the leader freezes its own WAL thread")
+
+
 def _on_2_6_0() -> None:
     version = subprocess.run(["tarantool", "--version"], check=True, capture_output=True, text=True).stdout
     if not version.startswith("Tarantool 2.6.0"):
@@ -186,6 +208,7 @@ def _on_2_6_0() -> None:
 
 def test_control_a_write_during_the_rollback_row_diverges_the_replica_on_2_6_0(tmp_path: Path) -> None:
     _on_2_6_0()
+    _freezer()
     doc = _run(tmp_path, "control")
     res = doc["results"]
     assert res.get("window") is True, doc
@@ -199,6 +222,7 @@ def test_control_a_write_during_the_rollback_row_diverges_the_replica_on_2_6_0(t
 
 
 def test_a_write_during_a_rollback_is_refused_as_read_only_and_nothing_diverges(tmp_path: Path) -> None:
+    _freezer()
     doc = _run(tmp_path, "fixed")
     res = doc["results"]
     assert res.get("window") is True, doc
