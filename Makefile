@@ -98,12 +98,13 @@ $(PROMTOOL):
 	@dpkg-deb -x $(VENV)/tools/deb/prometheus_*.deb $(VENV)/tools/root && rm -rf $(VENV)/tools/deb
 	@test -x $@
 
-lint: venv $(PROMTOOL)  ## ruff (check + format), import directions (import-linter), mypy strict on service/, luacheck on lua/, the registry check, PROTOCOL.md tables vs the registry, promtool on the alert rules
+lint: venv $(PROMTOOL)  ## ruff (check + format), import directions (import-linter; Lua requires; no import circle), mypy strict on service/, luacheck on lua/, the registry check, PROTOCOL.md tables vs the registry, promtool on the alert rules
 	$(VENV)/bin/ruff check service tests loadtest
 	$(VENV)/bin/ruff format --check service tests loadtest
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy service/smartcache
 	luacheck lua
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_lua_layers.py tests/unit/test_import_cycles.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_registry.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_docs.py
 	$(PY) -m smartcache.wire.gendoc --check
