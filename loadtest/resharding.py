@@ -73,7 +73,7 @@ def _rows(nodes: list[Any], space: str) -> int | None:
 
 
 def main(sessions: int, out_path: str, *, parallel: int = 2, pause_ms: int = 0) -> int:
-    from smartcache.cli import cluster, moves  # noqa: PLC0415 - the server extra's connector
+    from smartcache.ops import cluster, moves  # noqa: PLC0415 - the server extra's connector
 
     print(f"resharding: two trios, the map naming s1 only; preloading {sessions:,} sessions", file=sys.stderr)
     # On tmpfs: six instances' WAL of a million sessions on this VM's disk stalled writes for up to 21 s (the
@@ -151,7 +151,7 @@ def _writable(node: Any) -> bool:
 def _placement(access: Any) -> dict[str, int]:
     """From storage: buckets active on a shard the map does not name (or on none, or two), and rows of a bucket
     left on a shard that does not own it."""
-    from smartcache.cli import moves  # noqa: PLC0415
+    from smartcache.ops import moves  # noqa: PLC0415
 
     doc, _ = moves.read_map(access)
     owner = moves.owners(doc)

@@ -172,8 +172,8 @@ def sharded_stack(
     sharded by client over that many trios (`cluster init --shards`); shards = 1 is the same path unsharded.
     mapped: how many of the trios the bucket map names at the start (the others wait for `shard add`);
     data_dir: where the instances' files go (default the temp dir)."""
-    from smartcache.cli import cluster  # noqa: PLC0415 - the server extra's connector
     from smartcache.devstack.etcd import EtcdCluster  # noqa: PLC0415 - dev tooling, needed by this benchmark only
+    from smartcache.ops import cluster  # noqa: PLC0415 - the server extra's connector
 
     base = Path(tempfile.mkdtemp(prefix="smartcache-bench-shards-", dir=data_dir))
     etcd = EtcdCluster.create(base)

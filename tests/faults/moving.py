@@ -38,8 +38,8 @@ from typing import Any
 
 import tarantool
 
-from smartcache.cli import cluster, moves
 from smartcache.devstack.stack import Child
+from smartcache.ops import cluster, moves
 from tests.faults.sharded import SERVICE_HOST, SHARD_HOSTS, SHARDS, _NsRow
 
 #: how long the drain runs before the fault

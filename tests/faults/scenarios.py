@@ -21,7 +21,7 @@ from collections import Counter
 from functools import partial
 from typing import Any
 
-from smartcache.cli import cluster as cli
+from smartcache.ops import cluster as ops_cluster
 from tests.faults import checkers, load, make_run, moving, sharded
 from tests.faults.cluster import HTTP_PORT, NODES, SERVICES, TTL_S, etcd_host, http_text, metric_value, until
 from tests.faults.disks import Ext4Loop, Tmpfs
@@ -801,9 +801,9 @@ SETTLE_S = 1.0
 TWO_OF_FOUR_S = 2.0
 
 
-def _operator(run: Run) -> cli.Access:
+def _operator(run: Run) -> ops_cluster.Access:
     """What `smartcache-cli cluster` is given: the first three instances and etcd (it finds the fourth there)."""
-    return cli.Access(
+    return ops_cluster.Access(
         addresses=[run.c.nodes[n].address for n in NODES],
         user=OPERATOR[0],
         password=OPERATOR[1],
@@ -819,9 +819,9 @@ def _processes(run: Run) -> dict[str, int | None]:
     return {c.name: c.proc.pid if c.alive() and c.proc is not None else None for c in children}
 
 
-def _waiting(access: cli.Access, address: str) -> dict[str, Any] | None:
+def _waiting(access: ops_cluster.Access, address: str) -> dict[str, Any] | None:
     """The instance at address as `cluster status` lists it among the live instances that are not members."""
-    listed = cli.status(access)["topology"].get("unregistered") or []
+    listed = ops_cluster.status(access)["topology"].get("unregistered") or []
     return next((u for u in listed if u["address"] == address), None)
 
 
@@ -837,9 +837,9 @@ def _unregistered_absent(run: Run, name: str) -> dict[str, Any] | None:
     return r if r is not None and r["role"] == "unregistered" and r.get("registered") == "absent" else None
 
 
-def _recorded(access: cli.Access, address: str) -> bool | None:
+def _recorded(access: ops_cluster.Access, address: str) -> bool | None:
     """The instance at address has a live member record in etcd (published under a lease it holds)."""
-    return True if any(r.get("uri") == address for r in cli.registry(access, []).records) else None
+    return True if any(r.get("uri") == address for r in ops_cluster.registry(access, []).records) else None
 
 
 def _services_know(run: Run, count: int) -> bool | None:
@@ -858,7 +858,7 @@ def _gap(run: Run, t0: float, t1: float) -> float:
     return checkers.longest_write_gap(run.ops(), t0, t1)[0]
 
 
-def _join(run: Run, access: cli.Access, leader: str, fourth: str) -> None:
+def _join(run: Run, access: ops_cluster.Access, leader: str, fourth: str) -> None:
     """t4 started empty waits unregistered; `cluster add` under the load; it follows, catches up, counts."""
     node = run.c.nodes[fourth]
     waiting = until(partial(_waiting, access, node.address), 60, f"{fourth} listed as waiting")
@@ -871,7 +871,7 @@ def _join(run: Run, access: cli.Access, leader: str, fourth: str) -> None:
         str(waiting),
     )
     added_at = run.mark("cluster add", node=fourth)
-    added = cli.topology_add(access, node.address, http_port=HTTP_PORT, eligible=True)
+    added = ops_cluster.topology_add(access, node.address, http_port=HTTP_PORT, eligible=True)
     answered = run.mark("cluster add answered", status=added.get("status"), version=added.get("version"))
     run.check(
         "cluster add answers OK, saw it waiting, and every live member acts on the new topology",
@@ -951,12 +951,12 @@ def _writes_need_it(run: Run, leader: str, fourth: str) -> float:
     return caught
 
 
-def _leave(run: Run, access: cli.Access, leader: str, fourth: str, member_until: float) -> None:
+def _leave(run: Run, access: ops_cluster.Access, leader: str, fourth: str, member_until: float) -> None:
     """`cluster remove` under the load: t4 lets go first (unregistered), then the list and the quorum shrink; it
     receives nothing more and holds what it had as a member."""
     node = run.c.nodes[fourth]
     removing = run.mark("cluster remove", node=fourth)
-    removed = cli.topology_remove(access, node.address, REMOVE_TIMEOUT_MS)
+    removed = ops_cluster.topology_remove(access, node.address, REMOVE_TIMEOUT_MS)
     answered = run.mark("cluster remove answered", status=removed.get("status"), detached=removed.get("detached"))
     run.check(
         f"cluster remove answers OK once {fourth} let go (unregistered), every live member acting on it",
@@ -1015,7 +1015,7 @@ def member_add_remove(run: Run) -> None:
     before = _processes(run)
     three = {run.c.nodes[n].address for n in NODES}
     run.fault("cluster init: the three members as data in etcd")
-    init = cli.topology_init(access)
+    init = ops_cluster.topology_init(access)
     run.check(
         "cluster init makes the first topology", init.get("status") == "OK" and init.get("created") is True, str(init)
     )
@@ -1038,7 +1038,7 @@ def member_add_remove(run: Run) -> None:
         bool(answered) and not any(x.writable for x in seen),
         f"{len(answered)} of {len(seen)} rounds answered, roles {sorted(Counter(x.role for x in answered).items())}",
     )
-    stored = cli.registry(access, []).topology
+    stored = ops_cluster.registry(access, []).topology
     run.check(
         "etcd's topology lists the three again",
         stored is not None and set(stored.addresses) == three and len(stored.members) == 3,

@@ -24,10 +24,10 @@ from typing import Any
 
 import tarantool
 
-from smartcache.cli import cluster
 from smartcache.client import Client, RequestError
 from smartcache.devstack.etcd import EtcdCluster
 from smartcache.devstack.stack import LUA_INIT, Child, http_get_json
+from smartcache.ops import cluster
 from smartcache.wire import buckets
 from tests.faults import checkers
 from tests.faults import cluster as fc

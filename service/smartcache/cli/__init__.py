@@ -8,6 +8,5 @@ command is about), :mod:`.output` (the layouts), :mod:`.progress` (the progress 
 rebalance and drain). Argument parsing and output only: the storage cluster's operations
 (etcd, status, switchover, moves) are :mod:`smartcache.ops`'. It uses ops, the client and
 the wire, never the server or the console; ``cluster`` needs the Tarantool connector of the
-server extra. :mod:`.etcd`, :mod:`.cluster` and :mod:`.moves` only re-export ops for the code
-outside the CLI that still imports those names.
+server extra.
 """
