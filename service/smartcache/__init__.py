@@ -11,7 +11,7 @@ names are those of :mod:`smartcache.client`). The rest of the house:
 * :mod:`smartcache.console`: ``smartcache-console``, the operator's page;
 * :mod:`smartcache.server`: the service itself (``smartcache``; needs ``pip install 'smartcache-bank[server]'``);
 * :mod:`smartcache.settings` and :mod:`smartcache.supervision`: the one settings reader and the one
-  process supervisor;
+  process supervisor; :mod:`smartcache.extras`: what a command needs beyond the client library;
 * :mod:`smartcache.devstack`: ``make run``'s stack, in a checkout only (not in the wheel).
 
 docs/architecture.md says what each may import.

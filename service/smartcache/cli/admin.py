@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from smartcache import extras
 from smartcache.cli import clustername, exits
 from smartcache.ops import etcd
 from smartcache.wire.buckets import MAX_BUCKETS
@@ -240,7 +241,7 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
             raise
         doc: dict[str, Any] = {
             "error": "MISSING_PACKAGE",
-            "message": "cluster needs the server extra: pip install 'smartcache-bank[server]'",
+            "message": f"cluster needs the server extra: {extras.SERVER_EXTRA_INSTALL}",
         }
         if a.operation == "status" and endpoints:  # etcd is asked with the standard library alone
             doc["etcd"] = etcd.status(endpoints, a.timeout)

@@ -7,13 +7,12 @@ and ``smartcache-cli cluster`` do, instead of a traceback. The process itself is
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
+
+from smartcache import extras
 
 #: what the console needs beyond the client library (the ``server`` extra)
 CONSOLE_PACKAGES = ("aiohttp", "structlog", "tarantool")
-#: the exit code of bad settings, and of a missing package
-EXIT_BAD = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,12 +20,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from smartcache.console import serve  # noqa: PLC0415 - the extra's packages are imported only to serve
     except ModuleNotFoundError as e:
-        if e.name not in CONSOLE_PACKAGES:
-            raise
-        print(  # noqa: T201 - before logging is configured
-            f"smartcache-console: the console needs the server extra ({e.name} is missing): "
-            "pip install 'smartcache-bank[server]'",
-            file=sys.stderr,
-        )
-        return EXIT_BAD
+        return extras.missing(e, CONSOLE_PACKAGES, "smartcache-console: the console")
     return serve.main(argv)

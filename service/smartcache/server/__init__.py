@@ -17,7 +17,7 @@ work → handlers → storage and corebackend; app composes them all.
 
 from __future__ import annotations
 
-import sys
+from smartcache import extras
 
 #: what the server needs beyond the client library (the ``server`` extra)
 SERVER_PACKAGES = ("asynctnt", "aiohttp", "prometheus_client", "structlog")
@@ -28,12 +28,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from smartcache.server import app  # noqa: PLC0415 - the extra's packages are imported only to serve
     except ModuleNotFoundError as e:
-        if e.name not in SERVER_PACKAGES:
-            raise
-        print(  # noqa: T201 - before logging is configured
-            f"smartcache: the service needs the server extra ({e.name} is missing): "
-            "pip install 'smartcache-bank[server]'",
-            file=sys.stderr,
-        )
-        return 2
+        return extras.missing(e, SERVER_PACKAGES, "smartcache: the service")
     return app.main(argv)
