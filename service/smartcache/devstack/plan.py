@@ -17,7 +17,7 @@ from pathlib import Path
 from smartcache.devstack.child import ROOT
 from smartcache.devstack.sockets import ephemeral_range, port_holders, port_is_free
 from smartcache.wire import ports
-from smartcache.wire.ports import PORT_OFFSET_VARIABLE
+from smartcache.wire.ports import MAX_PORT_OFFSET, PORT_OFFSET_VARIABLE
 
 #: make run's ports: variable -> default (SMARTCACHE_PORT_OFFSET is added to each default)
 DEFAULT_PORTS = {
@@ -47,7 +47,6 @@ SHARD_PORT_STEP = 10
 DEFAULT_LISTEN_PORT = ports.LISTEN_PORT
 #: the service's events PUB socket (SMARTCACHE_EVENTS_LISTEN), moved by the offset too
 DEFAULT_EVENTS_PORT = ports.EVENTS_PORT
-MAX_PORT_OFFSET = 65535 - max(DEFAULT_PORTS.values())
 
 
 class BadEnvironment(Exception):

@@ -10,9 +10,10 @@ and child.py and supervise.py stand on smartcache.supervision, the one superviso
 """
 
 from smartcache.devstack.child import LUA_INIT, POLL_S, READY_TIMEOUT_S, ROOT, Child, NotReady, Stop, http_get_json
-from smartcache.devstack.plan import DEFAULT_EVENTS_PORT, DEFAULT_LISTEN_PORT, DEFAULT_PORTS, MAX_PORT_OFFSET
+from smartcache.devstack.plan import DEFAULT_EVENTS_PORT, DEFAULT_LISTEN_PORT, DEFAULT_PORTS
 from smartcache.devstack.sockets import ephemeral_range, free_port, listens, port_holders, port_is_free, tcp_states
 from smartcache.devstack.tarantool import Tarantool, wait_cluster_formed
+from smartcache.wire.ports import MAX_PORT_OFFSET
 
 __all__ = [
     "DEFAULT_EVENTS_PORT",

@@ -39,7 +39,7 @@ ETCD_PEER_PORTS = (2380, 2480, 2580)
 BACKEND_PORT = 8090
 
 
-#: the highest offset that keeps every default port above within 1..65535 (make run's check is the same)
+#: the highest offset that keeps every default port above within 1..65535 (make run's check uses it too)
 MAX_PORT_OFFSET = 65535 - max(
     LISTEN_PORT, EVENTS_PORT, METRICS_PORT, CONSOLE_PORT, BACKEND_PORT,
     *TARANTOOL_PORTS, *TARANTOOL_HTTP_PORTS, *ETCD_PORTS, *ETCD_PEER_PORTS,
