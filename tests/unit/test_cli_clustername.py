@@ -12,7 +12,7 @@ import pytest
 
 from smartcache.cli import clustername, exits
 from smartcache.cli.main import main
-from smartcache.ops import cluster, etcd
+from smartcache.ops import cluster, etcd, status
 from smartcache.ops.access import Access
 
 #: the keys make run's sharded cluster keeps in etcd, and another cluster's
@@ -98,7 +98,7 @@ def test_without_a_name_the_instances_say_which_cluster(
     reported: str | None, maps: set[str], found: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cluster, "role", lambda _a, address: {"address": address, "cluster": reported})
-    monkeypatch.setattr(cluster, "bucket_map", lambda a: {"shards": ["s1"]} if a.cluster in maps else None)
+    monkeypatch.setattr(status, "bucket_map", lambda a: {"shards": ["s1"]} if a.cluster in maps else None)
     assert clustername.reported(_access(None)) == found
 
 
@@ -108,7 +108,7 @@ def test_drain_without_a_name_moves_the_cluster_the_instances_run_in(
     """`cluster drain s2` as make run's banner leaves it: no --cluster, the default instances (shard s1's)."""
     monkeypatch.delenv("SMARTCACHE_CLUSTER", raising=False)
     monkeypatch.setattr(cluster, "role", lambda _a, address: {"address": address, "cluster": "make-run.s1"})
-    monkeypatch.setattr(cluster, "bucket_map", lambda a: {"shards": ["s1", "s2"]} if a.cluster == "make-run" else None)
+    monkeypatch.setattr(status, "bucket_map", lambda a: {"shards": ["s1", "s2"]} if a.cluster == "make-run" else None)
     read: list[str | None] = []
 
     def read_map(access: Access) -> tuple[dict[str, Any], int]:

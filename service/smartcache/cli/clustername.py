@@ -17,7 +17,6 @@ make-run`` though ``cluster status`` finds the cluster by itself. So, for every 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from smartcache.ops import etcd
@@ -66,7 +65,4 @@ def reported(access: Access) -> str | None:
     name = next((n for a in access.addresses if (n := cluster.role(access, a).get("cluster"))), None)
     if not isinstance(name, str):
         return None
-    whole = name.rsplit(".", 1)[0]
-    if whole != name and cluster.bucket_map(replace(access, cluster=whole)) is not None:
-        return whole
-    return name
+    return cluster.sharded_cluster_of(access, name) or name

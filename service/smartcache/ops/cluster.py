@@ -37,7 +37,7 @@ from smartcache.ops.instances import (
     registry,
     role,
 )
-from smartcache.ops.status import bucket_map, etcd_status, status, topology_status
+from smartcache.ops.status import bucket_map, etcd_status, sharded_cluster_of, status, topology_status
 from smartcache.wire import topology
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "registry",
     "rejoin",
     "role",
+    "sharded_cluster_of",
     "shards_init",
     "status",
     "switchover",

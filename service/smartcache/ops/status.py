@@ -31,6 +31,15 @@ def bucket_map(access: Access) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def sharded_cluster_of(access: Access, replica_set: str) -> str | None:
+    """The sharded cluster a replica set is a shard of: for ``<cluster>.<shard>``, <cluster> when etcd holds its
+    bucket map; None for any other name (a cluster of its own, a dotted name with no map, etcd not asked)."""
+    whole, dot, _ = replica_set.rpartition(".")
+    if not dot or bucket_map(replace(access, cluster=whole)) is None:
+        return None
+    return whole
+
+
 def status(access: Access, *, with_etcd: bool = True) -> dict[str, Any]:
     """Every instance's role, term, lease, vclock and replication, and who leads; etcd's members beside them,
     and the topology (registered members, live instances that are not). A sharded cluster: each shard's."""
@@ -38,11 +47,11 @@ def status(access: Access, *, with_etcd: bool = True) -> dict[str, Any]:
     if sharded is not None and access.cluster is not None:
         return _sharded(access, sharded)
     instances, reg = known(access, discover=with_etcd)
-    if access.cluster is None and reg is not None and reg.cluster and "." in reg.cluster:
+    if access.cluster is None and reg is not None and reg.cluster:
         # The instances asked are one shard's (<cluster>.<shard>): the status of the whole sharded cluster.
-        whole = replace(access, cluster=reg.cluster.rsplit(".", 1)[0])
-        if bucket_map(whole) is not None:
-            return status(whole)
+        whole = sharded_cluster_of(access, reg.cluster)
+        if whole is not None:
+            return status(replace(access, cluster=whole))
     writable = [i["address"] for i in instances if i.get("writable")]
     leaders = [i for i in instances if i.get("role") == "leader"]
     leader = max(leaders, key=lambda i: i.get("term") or 0, default=None)
