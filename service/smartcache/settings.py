@@ -1,6 +1,7 @@
 """Settings from the environment, for every program of the house: one reader and the parsers of common values.
 
-The service (server/config.py) and the operator's console (console/settings.py) read their
+The service (server/config.py), the operator's console (console/settings.py) and
+``smartcache-cli cluster`` (the operator's credentials, cli/admin.py) read their
 ``SMARTCACHE_*`` variables through `Environment`: a value is stripped and an empty one is unset
 (its default); a bad one is recorded with its name (``SMARTCACHE_X='bad': what is expected``) and
 replaced by its default, so every bad variable is reported at once and one restart fixes them
@@ -10,7 +11,7 @@ saying what is expected; the service's own kinds (endpoints to bind, templates, 
 are in server/parsers.py. Every variable, its default, its range and its meaning are listed in
 docs/configuration.md.
 
-It imports only the wire (the cluster name's form): the console and the server may both use it.
+It imports only the wire (the cluster name's form): the server, the console and the CLI may all use it.
 """
 
 from __future__ import annotations

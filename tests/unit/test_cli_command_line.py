@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from smartcache.cli import exits, main, suggest
 from smartcache.console import serve
+from smartcache.ops import cluster
 from smartcache.wire import ports
 from smartcache.wire.errors import RequestError, RequestTimeout
 
@@ -83,6 +85,48 @@ def test_what_cannot_be_meant_is_refused_naming_the_argument(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in _refused(argv, capsys)
+
+
+# --- the operator's credentials (SMARTCACHE_OPERATOR_USER, SMARTCACHE_OPERATOR_PASSWORD or _FILE) ---
+
+
+def _status_as(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """cluster status answers healthy without asking anyone; the access it was given is recorded."""
+    given: list[Any] = []
+    monkeypatch.setattr(cluster, "status", lambda access: given.append(access) or {"healthy": True})
+    return given
+
+
+def test_the_operator_password_comes_from_its_file_stripped_as_the_console_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "operator_password").write_text("s3cret\n")
+    monkeypatch.setenv("SMARTCACHE_OPERATOR_USER", " admin ")
+    monkeypatch.setenv("SMARTCACHE_OPERATOR_PASSWORD", "")  # empty is unset (the secrets override sets it so)
+    monkeypatch.setenv("SMARTCACHE_OPERATOR_PASSWORD_FILE", str(tmp_path / "operator_password"))
+    given = _status_as(monkeypatch)
+    assert main.main(["cluster", "--etcd", "", "status"]) == exits.OK
+    assert (given[0].user, given[0].password) == ("admin", "s3cret")
+
+
+@pytest.mark.parametrize(
+    ("password", "file", "said"),
+    [
+        ("x", "/nonexistent", "SMARTCACHE_OPERATOR_PASSWORD and SMARTCACHE_OPERATOR_PASSWORD_FILE are both set"),
+        ("", "/nonexistent", "SMARTCACHE_OPERATOR_PASSWORD_FILE='/nonexistent': cannot read it"),
+    ],
+)
+def test_an_operator_password_set_twice_or_unreadable_is_a_bad_variable(
+    password: str, file: str, said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SMARTCACHE_OPERATOR_PASSWORD", password)
+    monkeypatch.setenv("SMARTCACHE_OPERATOR_PASSWORD_FILE", file)
+    given = _status_as(monkeypatch)
+    assert main.main(["cluster", "--etcd", "", "status"]) == exits.USAGE
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"] == "BAD_ARGUMENT"
+    assert said in doc["message"]
+    assert not given, "nobody was asked"
 
 
 # --- did you mean ---

@@ -6,7 +6,7 @@ types and checks), :mod:`.suggest` ("did you mean"), :mod:`.exits` (the exit cod
 :mod:`.admin` (``cluster`` and ``keys``), :mod:`.clustername` (which cluster a ``cluster``
 command is about), :mod:`.output` (the layouts), :mod:`.progress` (the progress line of
 rebalance and drain). Argument parsing and output only: the storage cluster's operations
-(etcd, status, switchover, moves) are :mod:`smartcache.ops`'. It uses ops, the client and
-the wire, never the server or the console; ``cluster`` needs the Tarantool connector of the
-server extra.
+(etcd, status, switchover, moves) are :mod:`smartcache.ops`'. It uses ops, the client,
+settings (the operator's credentials), extras and the wire, never the server or the console;
+``cluster`` needs the Tarantool connector of the server extra.
 """

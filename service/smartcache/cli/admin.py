@@ -17,6 +17,7 @@ from typing import Any
 from smartcache import extras
 from smartcache.cli import clustername, exits
 from smartcache.ops import etcd
+from smartcache.settings import Environment, SettingsError
 from smartcache.wire.buckets import MAX_BUCKETS
 from smartcache.wire.keys import create_key_pair
 from smartcache.wire.ports import CLUSTER_VARIABLE, default_etcd, default_tarantool
@@ -247,10 +248,19 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
             doc["etcd"] = etcd.status(endpoints, a.timeout)
         emit(doc)
         return exits.MISSING_PACKAGE
+    # The operator's credentials, read as the console reads them (stripped, empty is unset, the secret from the
+    # variable or its _FILE, never both): a bad one is a bad environment variable.
+    env = Environment(os.environ)
+    user, password = env.get("OPERATOR_USER", "operator", str), env.secret("OPERATOR_PASSWORD", "operator")
+    try:
+        env.check()
+    except SettingsError as e:
+        emit({"error": "BAD_ARGUMENT", "message": f"smartcache-cli cluster: {e}"})
+        return exits.USAGE
     access = cluster.Access(
         addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
-        user=os.environ.get("SMARTCACHE_OPERATOR_USER") or "operator",
-        password=_secret("SMARTCACHE_OPERATOR_PASSWORD", "operator"),
+        user=user,
+        password=password,
         timeout_s=a.timeout,  # per instance and etcd member: a frozen one is reported unreachable, not waited for
         etcd=endpoints,
         cluster=a.cluster or None,  # --cluster "": none given
@@ -302,14 +312,6 @@ def _change(a: argparse.Namespace, access: Any, emit: Emit) -> int:
     if "error" in doc:  # CONNECTION_LOST: the instance stopped answering during the call
         return exits.UNAVAILABLE
     return exits.OK if doc.get("status") == "OK" else exits.STATUS
-
-
-def _secret(name: str, default: str) -> str:
-    """NAME, or the content of the file NAME_FILE names (Docker secrets)."""
-    path = os.environ.get(name + "_FILE")
-    if path:
-        return Path(path).read_text().strip()
-    return os.environ.get(name) or default
 
 
 def _keys_parser(sub: Any) -> None:
