@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 
+from smartcache.client.base import Reply
 from smartcache.client.coordination import ok_reply
 from smartcache.client.interface import AsyncCalls, BlockingClient
 from smartcache.wire.errors import LeaseLost, NotAcquired, RequestError
@@ -82,6 +83,34 @@ class _Held:
         if not self.valid:
             raise LeaseLost("LEASE_LOST", f"{self.name}: the lease is over or was lost")
 
+    # What the replies mean, the same for both faces (they differ in how they wait, not in what they decide).
+
+    def _granted(self, reply: Reply, sent: float) -> int:
+        """An acquire's reply: the fencing token, the lease counted from when the acquire was sent; NotAcquired
+        when no permit came within wait_ms, the reply's error when it is not OK."""
+        if reply.status == "TIMEOUT":
+            raise NotAcquired("TIMEOUT", f"{self.name}: no permit within {self.wait_ms} ms", reply.body)
+        ok_reply(reply)
+        self.token = int(reply.body["token"])
+        self._lease = _Lease(self.lease_ms)
+        self._lease.granted(sent)
+        return self.token
+
+    def _renewed(self, reply: Reply, sent: float) -> bool:
+        """A renewal's reply: the lease counted again from when it was sent; False, the lease lost, when it was
+        not OK (NOT_FOUND: the lease had passed)."""
+        if not reply.ok:
+            self._lease.lost = True
+            return False
+        self._lease.granted(sent)
+        return True
+
+    def _given_back(self, reply: Reply) -> None:
+        """A release's reply: LeaseLost when the lease had passed before it (the permit was gone already)."""
+        if reply.status == "NOT_FOUND" or self._lease.lost:
+            raise LeaseLost("LEASE_LOST", f"{self.name}: the lease had passed before the release", reply.body)
+        ok_reply(reply)
+
 
 class Lock(_Held):
     """A permit of a semaphore (a lock when ``permits`` = 1), held for a lease that renews itself.
@@ -112,16 +141,11 @@ class Lock(_Held):
         reply = self.client.semaphore_acquire(
             self.name, self.holder, self.lease_ms, permits=self.permits, wait_ms=self.wait_ms
         )
-        if reply.status == "TIMEOUT":
-            raise NotAcquired("TIMEOUT", f"{self.name}: no permit within {self.wait_ms} ms", reply.body)
-        ok_reply(reply)
-        self.token = int(reply.body["token"])
-        self._lease = _Lease(self.lease_ms)
-        self._lease.granted(sent)
+        token = self._granted(reply, sent)
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew, name=f"lock-renew-{self.name}", daemon=True)
         self._renewer.start()
-        return self.token
+        return token
 
     def release(self) -> None:
         """Give the permit back; LeaseLost if the lease had passed before (the permit was gone already)."""
@@ -132,10 +156,7 @@ class Lock(_Held):
         if self.token is None:
             return
         self.token = None
-        reply = self.client.semaphore_release(self.name, self.holder)
-        if reply.status == "NOT_FOUND" or self._lease.lost:
-            raise LeaseLost("LEASE_LOST", f"{self.name}: the lease had passed before the release", reply.body)
-        ok_reply(reply)
+        self._given_back(self.client.semaphore_release(self.name, self.holder))
 
     def _renew(self) -> None:
         """Renew every lease / RENEW_FRACTION on a socket of its own, until stopped or the lease is lost."""
@@ -156,11 +177,7 @@ class Lock(_Held):
             except RequestError:
                 self._stop.wait(RENEW_RETRY_S)
                 continue
-            if not reply.ok:  # NOT_FOUND: the lease had passed
-                self._lease.lost = True
-                return False
-            self._lease.granted(sent)
-            return True
+            return self._renewed(reply, sent)
         return False
 
     def __enter__(self) -> Lock:
@@ -197,14 +214,9 @@ class AsyncLock(_Held):
         reply = await self.client.semaphore_acquire(
             self.name, self.holder, self.lease_ms, permits=self.permits, wait_ms=self.wait_ms
         )
-        if reply.status == "TIMEOUT":
-            raise NotAcquired("TIMEOUT", f"{self.name}: no permit within {self.wait_ms} ms", reply.body)
-        ok_reply(reply)
-        self.token = int(reply.body["token"])
-        self._lease = _Lease(self.lease_ms)
-        self._lease.granted(sent)
+        token = self._granted(reply, sent)
         self._renewer = asyncio.get_running_loop().create_task(self._renew())
-        return self.token
+        return token
 
     async def release(self) -> None:
         if self._renewer is not None:
@@ -215,10 +227,7 @@ class AsyncLock(_Held):
         if self.token is None:
             return
         self.token = None
-        reply = await self.client.semaphore_release(self.name, self.holder)
-        if reply.status == "NOT_FOUND" or self._lease.lost:
-            raise LeaseLost("LEASE_LOST", f"{self.name}: the lease had passed before the release", reply.body)
-        ok_reply(reply)
+        self._given_back(await self.client.semaphore_release(self.name, self.holder))
 
     async def _renew(self) -> None:
         interval = self._lease.lease_s / RENEW_FRACTION
@@ -234,10 +243,8 @@ class AsyncLock(_Held):
                 except RequestError:
                     await asyncio.sleep(RENEW_RETRY_S)
                     continue
-                if not reply.ok:
-                    self._lease.lost = True
+                if not self._renewed(reply, sent):
                     return
-                self._lease.granted(sent)
                 break
 
     async def __aenter__(self) -> AsyncLock:
