@@ -52,6 +52,16 @@ from smartcache.wire.keys import CurveKeys
 SUBSCRIBE_RETRY_S = 30.0
 
 
+def _connect(sock: zmq.Socket[Any], endpoint: str, curve: CurveKeys | None) -> None:
+    """Both clients' DEALER socket made ready: unsent requests dropped at close (LINGER 0), a CURVE client of the
+    server when keys are given (before connecting), connected to each of endpoint's comma-separated endpoints."""
+    sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        curve.apply(sock)
+    for e in endpoint.split(","):
+        sock.connect(e.strip())
+
+
 class Client(BlockingClient, CoordinationObjects):
     """A blocking client: one DEALER socket, used from one thread. ``lock``, ``counter``, ``ids``... make the
     coordination objects (service/smartcache/client/objects.py)."""
@@ -76,11 +86,7 @@ class Client(BlockingClient, CoordinationObjects):
         self._curve = curve
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        if curve is not None:
-            curve.apply(self._sock)
-        for e in endpoint.split(","):
-            self._sock.connect(e.strip())
+        _connect(self._sock, endpoint, curve)
         self._ids = itertools.count(1)
         #: request id -> type name, for the requests sent and not yet waited for
         self._outstanding: dict[int, str] = {}
@@ -243,11 +249,7 @@ class AsyncClient(TypedCalls["asyncio.Future[Reply]"]):
         self.retries = retries
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        if curve is not None:
-            curve.apply(self._sock)
-        for e in endpoint.split(","):
-            self._sock.connect(e.strip())
+        _connect(self._sock, endpoint, curve)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         #: request id -> type name, while its future is pending (for errors that say which request)
