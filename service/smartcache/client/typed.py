@@ -8,7 +8,6 @@ or a future of one). The coordination types' calls are in
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -19,18 +18,8 @@ R = TypeVar("R")
 
 
 class TypedCalls(CoordinationHelpers[R]):
-    """Typed helpers, one per message type; all go through ``call`` (coordination's in CoordinationHelpers)."""
-
-    @abstractmethod
-    def call(
-        self,
-        type_name: str,
-        body: Mapping[str, Any] | None = None,
-        *,
-        session_id: SessionId | None = None,
-        lifetime_ms: int = 0,
-        timeout_s: float | None = None,
-    ) -> R: ...
+    """Typed helpers, one per message type; all go through ``call``, declared (abstract) in CoordinationHelpers,
+    whose calls for the coordination types these join."""
 
     @sends("PING")
     def ping(self) -> R:
