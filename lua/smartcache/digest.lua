@@ -69,20 +69,6 @@ local function vclock_now()
     return vclock
 end
 
-local function same(a, b)
-    for k, v in pairs(a) do
-        if b[k] ~= v then
-            return false
-        end
-    end
-    for k in pairs(b) do
-        if a[k] == nil then
-            return false
-        end
-    end
-    return true
-end
-
 -- sc.digest(keys_of?, atomic?): OK {spaces = {name = {rows, sum, xor}}, vclock, consistent, keys?}. keys_of: a
 -- space name, or a list of them: keys = {name = [[primary key, hash], ...]} (null past MAX_KEYS).
 -- consistent: no row was written while the scan yielded (the vclock before equals the one after), so
@@ -133,7 +119,7 @@ function M.digest(keys_of, atomic)
         end
     end
     local after = vclock_now()
-    return util.result('OK', {spaces = spaces, vclock = after, consistent = same(before, after), keys = keys})
+    return util.result('OK', {spaces = spaces, vclock = after, consistent = util.same(before, after), keys = keys})
 end
 
 return M

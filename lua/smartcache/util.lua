@@ -72,6 +72,30 @@ function M.opt(value, default)
     return M.plain(value)
 end
 
+-- Equal msgpack values: maps by their keys, numbers by value (64-bit cdata included). A register's
+-- compare-and-set (coordination/atomics.lua) and two vclocks (digest.lua) are compared by it.
+local function same(a, b)
+    local ta, tb = type(a), type(b)
+    if ta == 'table' and tb == 'table' then
+        for k, v in pairs(a) do
+            if not same(v, b[k]) then
+                return false
+            end
+        end
+        for k in pairs(b) do
+            if a[k] == nil then
+                return false
+            end
+        end
+        return true
+    end
+    if ta ~= tb and not ((ta == 'number' or ta == 'cdata') and (tb == 'number' or tb == 'cdata')) then
+        return false
+    end
+    return a == b
+end
+M.same = same
+
 -- A random (version 4) UUID as canonical text. The random bytes come from
 -- /dev/urandom, read 4 KiB at a time: Tarantool 2.6's uuid.str() reads
 -- /dev/urandom for every UUID and formats it with snprintf (measured: 0.52 us

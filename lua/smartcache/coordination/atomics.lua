@@ -114,28 +114,8 @@ local function live_register(name, now)
     return util.live(box.space.registers, name, FR.expires_at, now)
 end
 
--- Equal msgpack values: maps by their keys, numbers by value (64-bit cdata included).
-local function same(a, b)
-    local ta, tb = type(a), type(b)
-    if ta == 'table' and tb == 'table' then
-        for k, v in pairs(a) do
-            if not same(v, b[k]) then
-                return false
-            end
-        end
-        for k in pairs(b) do
-            if a[k] == nil then
-                return false
-            end
-        end
-        return true
-    end
-    if ta ~= tb and not ((ta == 'number' or ta == 'cdata') and (tb == 'number' or tb == 'cdata')) then
-        return false
-    end
-    return a == b
-end
-M.same = same
+-- Equal msgpack values (maps by their keys, numbers by value): the compare of register_cas.
+local same = util.same
 
 function M.register_get(name)
     local err = coord.check_name(name)
