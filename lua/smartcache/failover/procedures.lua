@@ -17,6 +17,16 @@ M.REJOIN_EXIT_CODE = rejoin.EXIT_CODE  -- EX_TEMPFAIL: "restart me"
 
 local NOT_HA = {status = 'BAD_REQUEST', message = 'failover is not configured (SC_ETCD)'}
 
+-- A procedure of an instance with failover: on one without (inst nil: not HA) it answers NOT_HA.
+local function ha_only(fn)
+    return function(inst, ...)
+        if inst == nil then
+            return NOT_HA
+        end
+        return fn(inst, ...)
+    end
+end
+
 -- sc.role(): what the service asks every instance every <= 500 ms.
 function M.role(inst)
     local out
@@ -68,10 +78,7 @@ local function timeout_s_of(timeout_ms, default_ms)
 end
 
 -- sc.switchover(candidate_uuid?, timeout_ms?), on the leader.
-function M.switchover(inst, candidate_uuid, timeout_ms)
-    if inst == nil then
-        return NOT_HA
-    end
+M.switchover = ha_only(function(inst, candidate_uuid, timeout_ms)
     if candidate_uuid == nil then  -- nil or box.NULL
         candidate_uuid = nil
     elseif type(candidate_uuid) ~= 'string' then
@@ -82,14 +89,11 @@ function M.switchover(inst, candidate_uuid, timeout_ms)
         return bad
     end
     return inst:switchover(candidate_uuid, timeout_s)
-end
+end)
 
 -- sc.join_hold(instance_uuid, timeout_ms?), on the leader, by an instance
 -- about to join it (as the replication user): smartcache.failover.join_hold.
-function M.join_hold(inst, instance_uuid, timeout_ms)
-    if inst == nil then
-        return NOT_HA
-    end
+M.join_hold = ha_only(function(inst, instance_uuid, timeout_ms)
     if type(instance_uuid) ~= 'string' or #instance_uuid ~= 36 then
         return {status = 'BAD_REQUEST', message = 'instance_uuid must be a uuid string'}
     end
@@ -98,15 +102,12 @@ function M.join_hold(inst, instance_uuid, timeout_ms)
         return bad
     end
     return inst:hold_for_join(instance_uuid, timeout_s)
-end
+end)
 
 -- sc.rejoin(instance_uuid, force?), on the instance to rebuild: leaves a marker
 -- in its data dir and exits with REJOIN_EXIT_CODE; at the next start init.lua
 -- moves the files aside and joins the leader empty.
-function M.rejoin(inst, instance_uuid, force)
-    if inst == nil then
-        return NOT_HA
-    end
+M.rejoin = ha_only(function(inst, instance_uuid, force)
     if instance_uuid ~= box.info.uuid then
         return {status = 'BAD_REQUEST', message = 'this is instance ' .. box.info.uuid}
     end
@@ -122,19 +123,16 @@ function M.rejoin(inst, instance_uuid, force)
     end
     return {status = 'OK', instance_uuid = inst.uuid, data_dir = inst.data_dir, marker = marker,
             exit_code = M.REJOIN_EXIT_CODE}
-end
+end)
 
 -- sc.topology_init(force?), on the leader: the first topology, from the live members
 -- (smartcache.failover.membership).
-function M.topology_init(inst, force)
-    if inst == nil then
-        return NOT_HA
-    end
+M.topology_init = ha_only(function(inst, force)
     if force ~= nil and type(force) ~= 'boolean' then
         return {status = 'BAD_REQUEST', message = 'force must be a boolean'}
     end
     return inst:topology_init(force == true)
-end
+end)
 
 local function check_address(address)
     if not topology.valid_address(address) then
@@ -145,10 +143,7 @@ local function check_address(address)
 end
 
 -- sc.topology_add(address, http_port?, eligible?), on the leader.
-function M.topology_add(inst, address, http_port, eligible)
-    if inst == nil then
-        return NOT_HA
-    end
+M.topology_add = ha_only(function(inst, address, http_port, eligible)
     local bad = check_address(address)
     if bad ~= nil then
         return bad
@@ -161,13 +156,10 @@ function M.topology_add(inst, address, http_port, eligible)
         return {status = 'BAD_REQUEST', message = 'eligible must be a boolean'}
     end
     return inst:topology_add(address, http_port, eligible)
-end
+end)
 
 -- sc.topology_remove(address, timeout_ms?), on the leader: waits (default 10 s) for the member to let go.
-function M.topology_remove(inst, address, timeout_ms)
-    if inst == nil then
-        return NOT_HA
-    end
+M.topology_remove = ha_only(function(inst, address, timeout_ms)
     local bad = check_address(address)
     if bad ~= nil then
         return bad
@@ -177,6 +169,6 @@ function M.topology_remove(inst, address, timeout_ms)
         return bad_timeout
     end
     return inst:topology_remove(address, timeout_s)
-end
+end)
 
 return M
