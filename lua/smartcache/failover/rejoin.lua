@@ -50,6 +50,18 @@ M.MARKER = 'sc_rejoin'
 M.EXIT_CODE = 75  -- EX_TEMPFAIL: "restart me"
 M.ASIDE_KEEP = 3  -- set-aside directories kept (SC_ASIDE_KEEP); the oldest go first
 
+-- Why rows in mine beyond the key are not all this instance's own: an instance other than
+-- itself and the leader wrote rows the key does not cover (nil: none did). Both proofs refuse then.
+local function others_rows(a, leader, key)
+    for id, lsn in pairs(a.mine) do
+        if id ~= a.own_id and id ~= leader.id and lsn > (key[id] or 0) then
+            return string.format('rows of instance %d beyond the key (%d > %d): another instance wrote them',
+                id, lsn, key[id] or 0)
+        end
+    end
+    return nil
+end
+
 -- May an instance with vclock mine (its id own_id) that diverged from leader
 -- ({term, id, vclock, replicaset}) rebuild itself? true, or false and why.
 -- led: {term, from_lsn} of the last term it led; regressed_term: the highest
@@ -63,11 +75,9 @@ function M.proof(a)
     if type(key) ~= 'table' or leader.vclock_unreadable then
         return false, "the leader key's vclock cannot be read"
     end
-    for id, lsn in pairs(a.mine) do
-        if id ~= a.own_id and id ~= leader.id and lsn > (key[id] or 0) then
-            return false, string.format('rows of instance %d beyond the key (%d > %d): another instance wrote them',
-                id, lsn, key[id] or 0)
-        end
+    local foreign = others_rows(a, leader, key)
+    if foreign ~= nil then
+        return false, foreign
     end
     local own, base = a.mine[a.own_id] or 0, key[a.own_id] or 0
     if own <= base then
@@ -105,11 +115,9 @@ function M.quorum_proof(a)
     if own <= base then
         return false, 'no rows of our own beyond the key'
     end
-    for id, lsn in pairs(a.mine) do
-        if id ~= a.own_id and id ~= leader.id and lsn > (key[id] or 0) then
-            return false, string.format('rows of instance %d beyond the key (%d > %d): another instance wrote them',
-                id, lsn, key[id] or 0)
-        end
+    local foreign = others_rows(a, leader, key)
+    if foreign ~= nil then
+        return false, foreign
     end
     local without = {leader.uuid}  -- members that hold none of own rows base+1.. and cannot get them
     for uuid, m in pairs(a.members or {}) do
