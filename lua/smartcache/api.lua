@@ -147,6 +147,16 @@ local function past(meta)
     return fiber.time() * 1000 > deadline
 end
 
+-- What a read or a waiting procedure answers instead of running, if anything: DEADLINE_EXCEEDED
+-- past its deadline, else WRONG_BUCKET when this shard does not serve its bucket (nil: run it).
+-- A write asks the same things in an order of its own (write_procedure).
+local function turned_away(name, meta, ...)
+    if past(meta) then
+        return DEADLINE_EXCEEDED
+    end
+    return misrouted(name, ...)
+end
+
 -- Count WAL write failures (disk full, read-only disk) and memory failures, and re-raise them.
 local function counted(ok, res, ...)
     if ok then
@@ -173,23 +183,17 @@ local function read_procedure(name, fn, space_name)
     -- Only a read of one key of a guarded space waits, and only without MVCC.
     if space_name == nil or not compat.NO_MVCC_DIRTY_READS then
         return function(meta, ...)
-            if past(meta) then
-                return DEADLINE_EXCEEDED
-            end
-            local wrong = misrouted(name, ...)
-            if wrong ~= nil then
-                return wrong
+            local away = turned_away(name, meta, ...)
+            if away ~= nil then
+                return away
             end
             return counted(pcall(fn, ...))
         end
     end
     return function(meta, key, ...)
-        if past(meta) then
-            return DEADLINE_EXCEEDED
-        end
-        local wrong = misrouted(name, key, ...)
-        if wrong ~= nil then
-            return wrong
+        local away = turned_away(name, meta, key, ...)
+        if away ~= nil then
+            return away
         end
         if quorum.enabled and key ~= nil and not quorum.wait_key(space_name, key, wait_deadline_s(meta)) then
             return WRITE_PENDING
@@ -230,12 +234,9 @@ end
 
 local function wait_procedure(name, fn)
     return function(meta, ...)
-        if past(meta) then
-            return DEADLINE_EXCEEDED
-        end
-        local wrong = misrouted(name, ...)
-        if wrong ~= nil then
-            return wrong
+        local away = turned_away(name, meta, ...)
+        if away ~= nil then
+            return away
         end
         local deadline, key = meta, nil
         if type(meta) == 'table' then
