@@ -79,6 +79,16 @@ local function unset_if(bucket, status, generation)
     end)
 end
 
+-- A marked copy deleted, rows then row: its rows while its row stays marked (status, generation), then
+-- the row when the mark held to the end (gc's garbage, recv_abort's aborting copy). OK {deleted, done}.
+local function purged(bucket, status, generation)
+    local deleted, held = purge(bucket, status, generation)
+    if held then
+        unset_if(bucket, status, generation)
+    end
+    return answer('OK', bucket, row(bucket), {deleted = deleted, done = held})
+end
+
 -- sc.bucket_state(bucket): the bucket's row here, how many rows it has (every space), the numbers
 -- this shard's sequences handed out, and this instance's clock. NOT_LEADER off the leader (a
 -- follower's or a deposed leader's row may lag: nobody decides on it).
@@ -182,11 +192,7 @@ function M.gc(bucket, generation)
             end
         end)
     end
-    local deleted, held = purge(bucket, BUCKET.GARBAGE, generation)
-    if held then
-        unset_if(bucket, BUCKET.GARBAGE, generation)
-    end
-    return answer('OK', bucket, row(bucket), {deleted = deleted, done = held})
+    return purged(bucket, BUCKET.GARBAGE, generation)
 end
 
 -- What recv_start may take over: nothing, or an older copy or the garbage of a move away.
@@ -325,11 +331,7 @@ function M.recv_abort(bucket, generation)
     if mark.done ~= nil then
         return mark.done
     end
-    local deleted, held = purge(bucket, BUCKET.ABORTING, mark.generation)
-    if held then
-        unset_if(bucket, BUCKET.ABORTING, mark.generation)
-    end
-    return answer('OK', bucket, row(bucket), {deleted = deleted, done = held})
+    return purged(bucket, BUCKET.ABORTING, mark.generation)
 end
 
 -- sc.bucket_rows(bucket, generation, space, after, limit): a page of the rows of a
