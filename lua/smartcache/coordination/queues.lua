@@ -171,13 +171,7 @@ function M.take(deadline_ms, key, name, wait_ms, ttr_ms)
     if clock.monotonic() >= stop then
         return util.result('TIMEOUT', {message = 'no task ready'})
     end
-    local w = waiters:join(name)
-    local ok, res = pcall(wait_task, w, name, ttr_ms, key, stop)
-    waiters:leave(w)
-    if not ok then
-        error(res)
-    end
-    return res
+    return waiters:in_line(name, wait_task, name, ttr_ms, key, stop)
 end
 
 -- The task, when it belongs to queue `name`; else a NOT_FOUND or CONFLICT answer.

@@ -133,6 +133,7 @@ local function handed(w)
 end
 
 local function wait_turn(w, name, permits, holder, lease_ms, stop)
+    w.holder, w.permits, w.lease_ms = holder, permits, lease_ms  -- for a release that hands over
     local waiters = M.waiters
     while true do
         local left = stop - clock.monotonic()
@@ -189,14 +190,7 @@ function M.acquire(deadline_ms, key, name, permits, holder, lease_ms, wait_ms)
     if clock.monotonic() >= stop then
         return timeout(name)
     end
-    local w = waiters:join(name)
-    w.holder, w.permits, w.lease_ms = holder, permits, lease_ms  -- for a release that hands over
-    local ok, res = pcall(wait_turn, w, name, permits, holder, lease_ms, stop)
-    waiters:leave(w)
-    if not ok then
-        error(res)
-    end
-    return res
+    return waiters:in_line(name, wait_turn, name, permits, holder, lease_ms, stop)
 end
 
 -- A holder whose lease had passed: counted, and NOT_FOUND.

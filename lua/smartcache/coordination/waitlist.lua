@@ -11,6 +11,7 @@
 --   list:wake_all(key)              -- everyone (a latch reached zero)
 --   list:head(key), list:wake(w)    -- the first waiter; wake one
 --   list:leave(w)                   -- when done, always; wakes the next head
+--   list:in_line(key, fn, ...)      -- fn(w, ...) between a join and its leave, however fn ends
 local fiber = require('fiber')
 local sharding = require('smartcache.sharding')
 
@@ -80,6 +81,18 @@ function List:leave(w)
     elseif was_head then
         signal(l.head)
     end
+end
+
+-- fn(w, ...) run as a waiter of key, joined at the tail: w leaves the list however fn ends (its error
+-- raised again once it has), so a waiting procedure never leaves a waiter in line behind it.
+function List:in_line(key, fn, ...)
+    local w = self:join(key)
+    local ok, res = pcall(fn, w, ...)
+    self:leave(w)
+    if not ok then
+        error(res, 2)
+    end
+    return res
 end
 
 -- Wait for a signal (one that came since the last wait counts at once).
