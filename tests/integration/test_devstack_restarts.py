@@ -151,7 +151,7 @@ class MakeRun:
 
     def write(self) -> str | None:
         """A session through the service; its id, None when the write was not acknowledged."""
-        doc = self.cli("--timeout", "2", "session-create", f"restart-{uuid.uuid4()}", ok=(0, 1, 2))
+        doc = self.cli("--timeout", "2", "session-create", f"restart-{uuid.uuid4()}", ok=(0, 1, 3, 4))
         return doc.get("session_id") if doc.get("status") == "OK" else None
 
     def ctrl_c(self, timeout_s: float = 60) -> int:

@@ -158,7 +158,8 @@ def test_a_fourth_instance_added_under_load_joins_counts_and_is_removed_again_wi
             lambda: next((u for u in cluster.status(a)["topology"]["unregistered"] if u["address"] == d.address), None),
             what="the fourth instance shows as live but unregistered",
         )
-        assert waiting["role"] == "unregistered"
+        # its record says unregistered; it does not answer yet (it waits before box.cfg): shown unconfirmed
+        assert waiting["role"] in ("unregistered", "unregistered? (no answer)")
         with WritableSampler(ha) as sampler, Writer(ha) as writer:
             eventually(lambda: len(writer.acked) > 200, what="writes flowing")
             added = cluster.topology_add(a, d.address, http_port=d.http_port, eligible=True)
