@@ -28,6 +28,8 @@ from smartcache.wire.topology import CLUSTER_NAME
 
 PREFIX = "SMARTCACHE_"
 MAX_PORT = 65535
+#: the session key (SMARTCACHE_SESSION_KEY): 32 bytes, written as 64 hex characters
+SESSION_KEY_BYTES = 32
 HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})")
 ENVIRONMENTS = ("development", "production")
 
@@ -73,6 +75,19 @@ class Environment:
         except OSError as e:
             self.fail(f"{self.prefix}{name}_FILE={path!r}: cannot read it ({e.strerror})")
             return default
+
+    def session_key(self, name: str = "SESSION_KEY") -> bytes:
+        """The session key from SMARTCACHE_<name> or its _FILE (32 bytes as 64 hex characters), b"" when unset.
+
+        A bad one is named, never shown: the message says what is wrong with it, not what it is."""
+        raw = self.secret(name, "")
+        if not raw:
+            return b""
+        try:
+            return parse_session_key(raw)
+        except SettingsError as e:
+            self.fail(f"{self.prefix}{name} (or {self.prefix}{name}_FILE): {e}")
+            return b""
 
     def fail(self, message: str) -> None:
         self.errors.append(message)
@@ -201,6 +216,18 @@ def parse_bool(raw: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise SettingsError("must be 1/true/yes or 0/false/no")
+
+
+def parse_session_key(raw: str) -> bytes:
+    """A session key: 64 hex characters, 32 bytes (``openssl rand -hex 32``). The error never repeats the value."""
+    hex_only = all(c in "0123456789abcdefABCDEF" for c in raw)
+    if len(raw) != 2 * SESSION_KEY_BYTES or not hex_only:
+        found = f"{len(raw)} characters" + ("" if hex_only else ", not all hex")
+        raise SettingsError(
+            f"must be {2 * SESSION_KEY_BYTES} hex characters ({SESSION_KEY_BYTES} bytes: `openssl rand -hex 32`); "
+            f"it has {found}"
+        )
+    return bytes.fromhex(raw)
 
 
 def parse_environment(raw: str) -> str:

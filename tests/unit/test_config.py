@@ -190,3 +190,56 @@ def test_curve_with_more_than_one_process_is_refused_naming_both_settings(tmp_pa
     with pytest.raises(SettingsError) as e:
         Settings.from_env({**env, "SMARTCACHE_PROCESSES": "2"})
     assert "SMARTCACHE_PROCESSES=2 (--processes) with SMARTCACHE_CURVE_SECRET_KEY_FILE" in str(e.value)
+
+
+KEY_HEX = "5e" * 32
+
+
+def test_the_session_key_is_read_from_the_variable_or_its_file(tmp_path: Path) -> None:
+    key_file = tmp_path / "session.key"
+    key_file.write_text(KEY_HEX.upper() + "\n")
+    assert Settings.from_env({"SMARTCACHE_SESSION_KEY": KEY_HEX}).session_key == bytes.fromhex(KEY_HEX)
+    assert Settings.from_env({"SMARTCACHE_SESSION_KEY_FILE": str(key_file)}).derive_key == bytes.fromhex(KEY_HEX)
+
+
+def test_without_a_session_key_the_all_zero_key_is_used_outside_production() -> None:
+    s = Settings.from_env({})
+    assert (s.session_key, s.derive_key, s.session_rekey) == (b"", bytes(32), "off")
+
+
+@pytest.mark.parametrize("bad", ["abc", "zz" * 32, "5e" * 33], ids=["short", "not hex", "long"])
+def test_a_bad_session_key_is_named_and_never_shown(bad: str) -> None:
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({"SMARTCACHE_SESSION_KEY": bad})
+    assert "SMARTCACHE_SESSION_KEY" in str(e.value)
+    assert bad not in str(e.value)
+
+
+def test_the_session_key_is_never_shown_in_the_settings_log_info_or_repr() -> None:
+    s = Settings.from_env({"SMARTCACHE_SESSION_KEY": KEY_HEX, "SMARTCACHE_SESSION_REKEY": "lazy"})
+    shown = s.redacted()
+    assert (shown["session_key"], shown["session_rekey"]) == ("***", "lazy")  # the mode is no secret
+    assert Settings.from_env({}).redacted()["session_key"] == "unset"
+    assert KEY_HEX not in repr(s)
+    assert KEY_HEX not in str(shown)
+    assert repr(bytes.fromhex(KEY_HEX)) not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [(None, "SESSION_KEY (or _FILE) is unset"), ("00" * 32, "SESSION_KEY is all zeros")],
+    ids=["unset", "all zeros"],
+)
+def test_production_refuses_to_start_without_a_real_session_key(key: str | None, named: str) -> None:
+    env = {"SMARTCACHE_ENV": "production", "SMARTCACHE_TARANTOOL_PASSWORD": "real", "SMARTCACHE_INSECURE": "1"}
+    if key is not None:
+        env["SMARTCACHE_SESSION_KEY"] = key
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env(env)
+    assert named in str(e.value)
+    assert Settings.from_env({**env, "SMARTCACHE_SESSION_KEY": KEY_HEX}).env == "production"
+
+
+def test_session_rekey_is_off_or_lazy() -> None:
+    with pytest.raises(SettingsError, match="SMARTCACHE_SESSION_REKEY='eager': must be one of off, lazy"):
+        Settings.from_env({"SMARTCACHE_SESSION_REKEY": "eager"})

@@ -85,8 +85,13 @@ DEFAULT_ROUTING_HOPS = 1
 MAX_ROUTING_HOPS = 2
 #: how a secret that is not set shows in redacted settings (set ones show "***")
 UNSET = "unset"
-#: settings whose value is never logged
-SECRET = re.compile(r"password|token|secret|key", re.IGNORECASE)
+#: settings whose value is never logged (session_rekey, a mode, is not a key)
+SECRET = re.compile(r"password|token|secret|(?<!re)key", re.IGNORECASE)
+#: SMARTCACHE_SESSION_REKEY: off (the default), or lazy while existing data is moved to stored ids
+#: (docs/operations.md, "Sessions keyed by the raw id: the rekey")
+SESSION_REKEY_MODES = ("off", "lazy")
+#: the key outside production when none is given: not secret (a warning says so at start)
+ZERO_SESSION_KEY = bytes(32)
 #: SMARTCACHE_* variables read by other programs (smartcache-cli, make run), not by the service
 OTHER_PROGRAMS_VARIABLES = frozenset(
     {
@@ -162,6 +167,11 @@ class Settings:
     processes: int = DEFAULT_PROCESSES
     #: routing frames a message arrives with before the client's identity (2 in a child of --processes)
     routing_hops: int = DEFAULT_ROUTING_HOPS
+    #: the cluster's session key (SMARTCACHE_SESSION_KEY or _FILE): storage keys sessions by HMAC-SHA256 of
+    #: the client's id under it (smartcache.wire.sessionkeys); b"": unset, the all-zero key (not in production)
+    session_key: bytes = field(default=b"", repr=False)
+    #: "lazy": a session not found by its stored id is asked for once more by its raw id, and renamed
+    session_rekey: str = "off"
 
     @property
     def curve(self) -> bool:
@@ -171,6 +181,11 @@ class Settings:
     def discovery(self) -> bool:
         """The instances come from etcd (SMARTCACHE_ETCD and SMARTCACHE_CLUSTER)."""
         return bool(self.etcd and self.cluster)
+
+    @property
+    def derive_key(self) -> bytes:
+        """The key stored ids are derived with: the session key, or the all-zero one when none is set."""
+        return self.session_key or ZERO_SESSION_KEY
 
     def max_age_ms(self, data_type: int) -> int:
         return int(self.products_max_age.get(data_type, self.products_max_age_s) * 1000)
@@ -187,7 +202,7 @@ class Settings:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if SECRET.search(f.name):
-                out[f.name] = "***" if value not in ("", None) else UNSET
+                out[f.name] = "***" if value not in ("", b"", None) else UNSET
             else:
                 out[f.name] = dict(value) if isinstance(value, Mapping) else value
         return out
@@ -266,6 +281,8 @@ def _build(r: Environment) -> Settings:
         events_listen=r.get("EVENTS_LISTEN", DEFAULT_EVENTS_LISTEN, parse_events_listen),
         processes=r.get("PROCESSES", DEFAULT_PROCESSES, parse_integer(1, MAX_PROCESSES)),
         routing_hops=r.get("ROUTING_HOPS", DEFAULT_ROUTING_HOPS, parse_integer(1, MAX_ROUTING_HOPS)),
+        session_key=r.session_key(),
+        session_rekey=r.get("SESSION_REKEY", "off", parse_session_rekey),
     )
     _check_security(r, settings)
     if settings.events_listen == settings.listen and not settings.listen.endswith((":0", ":*")):
@@ -295,6 +312,13 @@ def parse_events_listen(raw: str) -> str:
     return "" if raw == "none" else zmq_endpoint(raw)
 
 
+def parse_session_rekey(raw: str) -> str:
+    """SMARTCACHE_SESSION_REKEY: off, or lazy (the migration of sessions stored by their raw id)."""
+    if raw not in SESSION_REKEY_MODES:
+        raise SettingsError(f"must be one of {', '.join(SESSION_REKEY_MODES)}")
+    return raw
+
+
 def _is_local(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
@@ -318,6 +342,13 @@ def _check_security(r: Environment, s: Settings) -> None:
             f"production: CURVE is off ({PREFIX}CURVE_SECRET_KEY_FILE unset); "
             f"set it, or {PREFIX}INSECURE=1 to run without encryption on purpose"
         )
+    if not s.session_key and not any(e.startswith(f"{PREFIX}SESSION_KEY") for e in r.errors):  # else named bad
+        r.fail(
+            f"production: {PREFIX}SESSION_KEY (or _FILE) is unset: sessions would be stored under the all-zero key; "
+            "set the cluster's key (64 hex characters, the same for every service instance: docs/operations.md)"
+        )
+    elif s.session_key == ZERO_SESSION_KEY:
+        r.fail(f"production: {PREFIX}SESSION_KEY is all zeros, the development key; set a random one")
     if not _is_local(s.metrics_addr) and not s.metrics_token:
         r.fail(f"production: metrics on {s.metrics_addr} (not local) need {PREFIX}METRICS_TOKEN (or _FILE)")
 
