@@ -12,10 +12,12 @@ of all of them are shown as they grow, one coloured line each (logtail.py).
 from __future__ import annotations
 
 import os
+import secrets
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 from smartcache.devstack.child import Child, NotReady, http_status
 from smartcache.devstack.etcd import Etcd, EtcdCluster
@@ -34,7 +36,7 @@ def main() -> int:
     signals = Signals().block()  # before any thread or child: Ctrl-C is taken by sigtimedwait, never a handler
     try:
         plan = Plan.from_env(dict(os.environ))
-        service_env = _service_env(plan)
+        service_env = _service_env(plan, os.environ)
         Settings.from_env({**os.environ, **service_env})  # the service's own check, before anything starts
         plan.check_ports()
     except (BadEnvironment, SettingsError) as e:
@@ -43,8 +45,34 @@ def main() -> int:
     return Stack.create(plan, service_env).run(signals)
 
 
-def _service_env(plan: Plan) -> dict[str, str]:
+#: make run's session key in var/ (SMARTCACHE_SESSION_KEY_FILE of its service)
+SESSION_KEY_FILE = "session.key"
+
+
+def session_key_file(base: Path) -> Path:
+    """var/session.key, made on the first start (32 random bytes as 64 hex characters, mode 0600) and kept:
+    the sessions var/ holds are stored under it, so a new key would lose them (docs/operations.md)."""
+    path = base / SESSION_KEY_FILE
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return path
+
+
+def _session_key(plan: Plan, env: Mapping[str, str]) -> dict[str, str]:
+    """The service's session key: the shell's SMARTCACHE_SESSION_KEY (or _FILE) when it sets one, else var/'s."""
+    if any(env.get(name, "").strip() for name in ("SMARTCACHE_SESSION_KEY", "SMARTCACHE_SESSION_KEY_FILE")):
+        return {}
+    return {"SMARTCACHE_SESSION_KEY_FILE": str(session_key_file(plan.base))}
+
+
+def _service_env(plan: Plan, env: Mapping[str, str]) -> dict[str, str]:
     return {
+        **_session_key(plan, env),
         "SMARTCACHE_LISTEN": plan.listen,
         "SMARTCACHE_EVENTS_LISTEN": plan.events_listen,
         # the instances come from etcd (the topology make run seeds), so an instance added later is found with
@@ -279,6 +307,7 @@ def banner(stack: Stack, leaders: list[Tarantool]) -> list[tuple[str, str]]:
             else []
         ),
         ("cluster", ".venv/bin/smartcache-cli cluster status"),
+        ("session key", service.env.get("SMARTCACHE_SESSION_KEY_FILE") or "the shell's SMARTCACHE_SESSION_KEY"),
         (
             "operator console",
             f"http://127.0.0.1:{p['SMARTCACHE_CONSOLE_PORT']}/  pid {console.pid}  log {console.log_path}",
