@@ -5,9 +5,13 @@
 #
 # service_password (the service's Tarantool user, both sides), replication_password,
 # operator_password (smartcache-cli cluster), http_token (Tarantool's operator HTTP data
-# routes), metrics_token (the services' /metrics; Prometheus sends it). 32 random bytes,
+# routes), metrics_token (the services' /metrics; Prometheus sends it), session_key (the
+# cluster's session key, SMARTCACHE_SESSION_KEY: every service of the stack derives stored
+# session ids with it, and smartcache-cli cluster sessions-rekey needs it). 32 random bytes,
 # hex. Files owned by uid/gid 10001 (the user of every container), mode 0400: run it as
-# root. An existing file is kept (delete it to rotate; docker/README.md "Secrets").
+# root. An existing file is kept (delete it to rotate; docker/README.md "Secrets"; the
+# session key is never rotated by deleting it: the sessions stored under it would be lost,
+# docs/operations.md "The session key").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-${SMARTCACHE_SECRETS_DIR:-docker/secrets}}
@@ -16,7 +20,7 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 install -d -m 0755 "$dir"
-for name in service_password replication_password operator_password http_token metrics_token; do
+for name in service_password replication_password operator_password http_token metrics_token session_key; do
     f=$dir/$name
     if [ -e "$f" ]; then
         echo "make-secrets: $f exists, kept"
