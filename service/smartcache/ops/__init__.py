@@ -13,6 +13,8 @@ smartcache.
   credentials, etcd, the cluster's name) -- no connector needed to hold one;
 * :mod:`.instances`: one instance's answer (``sc.role``), the instances known and who leads;
 * :mod:`.status`: the cluster as ``cluster status`` shows it (instances, etcd, topology, shards);
+* :mod:`.audit`: every operator action written to storage's audit log before it acts and with
+  its outcome (who, what, the reason typed), and the log read back;
 * :mod:`.cluster`: the operations (switchover, rejoin, topology changes, a sharded cluster's
   map) and the one name callers import (``from smartcache.ops import cluster``);
 * :mod:`.moves`: moving buckets between shards (the map, a shard's leader link, one move, the

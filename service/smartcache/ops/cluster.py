@@ -26,6 +26,7 @@ from typing import Any
 
 from smartcache.ops import etcd
 from smartcache.ops.access import CONNECT_TIMEOUT_S, Access
+from smartcache.ops.audit import UNATTENDED, Actor, audited, replica_set, shards
 from smartcache.ops.instances import (
     CONNECTION_ERRORS,
     Registry,
@@ -47,6 +48,7 @@ __all__ = [
     "LEADER_POLL_S",
     "LEADER_WAIT_S",
     "Access",
+    "Actor",
     "Registry",
     "bucket_map",
     "connection",
@@ -86,7 +88,7 @@ def _lost(access: Access, address: str, what: str, e: BaseException) -> dict[str
     }
 
 
-def switchover(access: Access, candidate: str | None, timeout_ms: int) -> dict[str, Any]:
+def switchover(access: Access, candidate: str | None, timeout_ms: int, *, actor: Actor = UNATTENDED) -> dict[str, Any]:
     """Ask the leader to hand over to candidate (or to the most up-to-date follower); reports the write pause."""
     now = leader_now(access)
     if now["leader"] is None:
@@ -97,30 +99,42 @@ def switchover(access: Access, candidate: str | None, timeout_ms: int) -> dict[s
         if not target.get("reachable"):
             return {"status": "UNREACHABLE", "address": target["address"], "message": target.get("error")}
         uuid = target["instance_uuid"]
-    # the leader answers once the candidate has taken over or timeout_ms has passed
-    try:
-        result = call(access, now["leader"], "switchover", uuid, timeout_ms, answer_timeout_s=timeout_ms / 1000 + 5)
-    except CONNECTION_ERRORS as e:
-        return _lost(access, now["leader"], "switchover", e)
-    return {"from": now["leader"], **result}
+
+    def act() -> dict[str, Any]:
+        # the leader answers once the candidate has taken over or timeout_ms has passed
+        try:
+            result = call(access, now["leader"], "switchover", uuid, timeout_ms, answer_timeout_s=timeout_ms / 1000 + 5)
+        except CONNECTION_ERRORS as e:
+            return _lost(access, now["leader"], "switchover", e)
+        return {"from": now["leader"], **result}
+
+    details = {"from": now["leader"], "timeout_ms": timeout_ms}
+    return audited(replica_set(access), actor, "switchover", candidate or "", act, details=details)
 
 
-def rejoin(access: Access, instance: str, *, force: bool) -> dict[str, Any]:
+def rejoin(access: Access, instance: str, *, force: bool, actor: Actor = UNATTENDED) -> dict[str, Any]:
     """Ask an instance (diverged, or any follower with force) to rebuild itself from the leader."""
     target = find(access, instance)
     if not target.get("reachable"):
         return {"status": "UNREACHABLE", "address": target["address"], "message": target.get("error")}
-    try:
-        result = call(access, target["address"], "rejoin", target["instance_uuid"], force, answer_timeout_s=30.0)
-    except CONNECTION_ERRORS as e:
-        return _lost(access, target["address"], "rejoin", e)
-    return {"address": target["address"], **result}
+
+    def act() -> dict[str, Any]:
+        try:
+            result = call(access, target["address"], "rejoin", target["instance_uuid"], force, answer_timeout_s=30.0)
+        except CONNECTION_ERRORS as e:
+            return _lost(access, target["address"], "rejoin", e)
+        return {"address": target["address"], **result}
+
+    return audited(replica_set(access), actor, "rejoin", target["address"], act, details={"force": force})
 
 
-def _on_leader(access: Access, what: str, procedure: str, *args: Any, wait_s: float) -> dict[str, Any]:
+def _on_leader(
+    access: Access, what: str, procedure: str, *args: Any, wait_s: float, actor: Actor | None, target: str = ""
+) -> dict[str, Any]:
     """A membership change, asked of the leader (the only one that changes the topology). No leader now: asked
     again for up to LEADER_WAIT_S (a leader holds its writes for a moment after a topology or quorum change, and
-    an election takes a TTL and a bit), then NO_LEADER."""
+    an election takes a TTL and a bit), then NO_LEADER. Written to the audit once a leader is found (actor None:
+    a step of an operation that is written as a whole, shards_init's buckets_init)."""
     deadline = time.monotonic() + LEADER_WAIT_S
     now = leader_now(access)
     while now["leader"] is None and time.monotonic() < deadline:
@@ -132,40 +146,64 @@ def _on_leader(access: Access, what: str, procedure: str, *args: Any, wait_s: fl
             "message": f"no instance leads now (asked for {LEADER_WAIT_S:g} s): the {what} goes through the leader",
             **now,
         }
-    try:
-        result = call(access, now["leader"], procedure, *args, answer_timeout_s=wait_s + CHANGE_ANSWER_MARGIN_S)
-    except CONNECTION_ERRORS as e:
-        return _lost(access, now["leader"], what, e)
-    return {"leader": now["leader"], **result}
+
+    def act() -> dict[str, Any]:
+        try:
+            result = call(access, now["leader"], procedure, *args, answer_timeout_s=wait_s + CHANGE_ANSWER_MARGIN_S)
+        except CONNECTION_ERRORS as e:
+            return _lost(access, now["leader"], what, e)
+        return {"leader": now["leader"], **result}
+
+    if actor is None:
+        return act()
+    return audited(replica_set(access), actor, procedure, target, act, details={"arguments": list(args)})
 
 
-def topology_init(access: Access, *, force: bool = False) -> dict[str, Any]:
+def topology_init(access: Access, *, force: bool = False, actor: Actor = UNATTENDED) -> dict[str, Any]:
     """The cluster's first topology, made by the leader from the live members; OK (created false) if one exists."""
-    return _on_leader(access, "topology init", "topology_init", force, wait_s=5.0)
+    return _on_leader(access, "topology init", "topology_init", force, wait_s=5.0, actor=actor)
 
 
-def topology_add(access: Access, address: str, *, http_port: int | None, eligible: bool) -> dict[str, Any]:
+def topology_add(
+    access: Access, address: str, *, http_port: int | None, eligible: bool, actor: Actor = UNATTENDED
+) -> dict[str, Any]:
     """Make address a member (an instance waiting for it then joins); seeds the first topology if there is none."""
-    return _on_leader(access, "member add", "topology_add", address, http_port, eligible, wait_s=5.0)
+    return _on_leader(
+        access, "member add", "topology_add", address, http_port, eligible, wait_s=5.0, actor=actor, target=address
+    )
 
 
-def topology_remove(access: Access, address: str, timeout_ms: int) -> dict[str, Any]:
+def topology_remove(access: Access, address: str, timeout_ms: int, *, actor: Actor = UNATTENDED) -> dict[str, Any]:
     """Take address out: first it stops replicating and counting in the quorum, then the list shrinks."""
-    return _on_leader(access, "member removal", "topology_remove", address, timeout_ms, wait_s=timeout_ms / 1000 + 5)
+    return _on_leader(
+        access, "member removal", "topology_remove", address, timeout_ms, wait_s=timeout_ms / 1000 + 5, actor=actor,
+        target=address,
+    )  # fmt: skip
 
 
-def shards_init(access: Access, shards: Sequence[str], buckets_count: int) -> dict[str, Any]:
+def shards_init(
+    access: Access, names: Sequence[str], buckets_count: int, *, actor: Actor = UNATTENDED
+) -> dict[str, Any]:
     """A sharded cluster's bucket map (created once in etcd: the buckets split in equal ranges over the shards,
     in the order given), then each shard's leader takes its buckets (sc.buckets_init). Idempotent: an existing
     map is kept as it is and each shard is given the buckets that map names (docs/design/sharding.md)."""
     if access.cluster is None:
         return {"status": "BAD_REQUEST", "message": "--cluster names the sharded cluster"}
-    step, ranges = -(-buckets_count // len(shards)), []
-    for i, name in enumerate(shards):
+    details = {"shards": list(names), "buckets": buckets_count}
+    return audited(
+        shards(access, names), actor, "shards_init", access.cluster,
+        lambda: _shards_init(access, names, buckets_count), details=details,
+    )  # fmt: skip
+
+
+def _shards_init(access: Access, names: Sequence[str], buckets_count: int) -> dict[str, Any]:
+    assert access.cluster is not None
+    step, ranges = -(-buckets_count // len(names)), []
+    for i, name in enumerate(names):
         first, last = i * step, min(buckets_count, (i + 1) * step) - 1
         if first <= last:
             ranges.append([first, last, name])
-    doc = {"version": 1, "buckets": buckets_count, "shards": list(shards), "ranges": ranges}
+    doc = {"version": 1, "buckets": buckets_count, "shards": list(names), "ranges": ranges}
     stored, created = etcd.create(
         access.etcd, topology.buckets_key(access.cluster), json.dumps(doc).encode(), access.timeout_s
     )
@@ -174,7 +212,7 @@ def shards_init(access: Access, shards: Sequence[str], buckets_count: int) -> di
     for name in held["shards"]:
         mine = [b for first, last, s in held["ranges"] if s == name for b in range(first, last + 1)]
         shard_access = replace(access, cluster=topology.shard_cluster(access.cluster, name), addresses=())
-        answer = _on_leader(shard_access, "buckets init", "buckets_init", held["buckets"], mine, wait_s=5.0)
+        answer = _on_leader(shard_access, "buckets init", "buckets_init", held["buckets"], mine, wait_s=5.0, actor=None)
         out["shards"][name] = answer
         if answer.get("status") != "OK":
             out["status"] = answer.get("status") or "ERROR"

@@ -36,9 +36,12 @@ The rooms, each importing only those above it:
 * :mod:`.link`: a shard's leader, found by its key and watched while a call goes unanswered;
 * :mod:`.engine`: one move, a move given up, many at once (rebalance, drain);
 * :mod:`.plan`: which buckets go where (even by count), a shard that joins empty;
-* :mod:`.settler`: one settle pass, and the thread every service instance runs it in.
+* :mod:`.settler`: one settle pass, and the thread every service instance runs it in;
+* :mod:`.commands`: the operator's commands (one move, rebalance, drain, a settle pass), each
+  written to the audit (:mod:`smartcache.ops.audit`).
 """
 
+from smartcache.ops.moves import commands
 from smartcache.ops.moves.bucketmap import assign, change_map, owners, ranges_of, read_map
 from smartcache.ops.moves.engine import CHUNK, SPACES, Moved, Progress, give_up, move, run_moves
 from smartcache.ops.moves.errors import MoveError, NotSharded
@@ -61,6 +64,7 @@ __all__ = [
     "Settler",
     "assign",
     "change_map",
+    "commands",
     "give_up",
     "move",
     "owners",

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from smartcache.ops.access import Access
+from smartcache.ops.audit import UNATTENDED, Actor, audited, shards
 from smartcache.ops.moves.bucketmap import change_map, owners, read_map
 from smartcache.ops.moves.errors import MoveError
 from smartcache.ops.moves.link import Link
@@ -36,10 +37,14 @@ def plan_even(doc: dict[str, Any], shards: Sequence[str], *, away: Sequence[str]
     return moves
 
 
-def shard_add(access: Access, name: str) -> dict[str, Any]:
+def shard_add(access: Access, name: str, *, actor: Actor = UNATTENDED) -> dict[str, Any]:
     """A new shard (its replica set running as SC_CLUSTER=<cluster>.<name>) joins the map holding no bucket, and
-    its leader learns the bucket count; rebalance then fills it."""
+    its leader learns the bucket count; rebalance then fills it. Written to the audit (on the map's shards)."""
     doc, _ = read_map(access)
+    return audited(shards(access, doc["shards"]), actor, "shard_add", name, lambda: _shard_add(access, doc, name))
+
+
+def _shard_add(access: Access, doc: dict[str, Any], name: str) -> dict[str, Any]:
     link = Link(access, name)
     try:
         init = link.call("buckets_init", doc["buckets"], [])
