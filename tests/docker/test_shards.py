@@ -177,9 +177,9 @@ def add_s3_and_rebalance() -> dict[str, Any]:
         return writable[0] if len(writable) == 1 else None
 
     eventually(s3_leader, READY_TIMEOUT_S, "shard s3 elects a leader")
-    added = cli("cluster", "shard", "add", "s3")
+    added = cli("cluster", "shard", "add", "s3", "--reason", "docker test: a third shard")
     assert added["shards"] == ["s1", "s2", "s3"], added
-    return cli("cluster", "rebalance", "--parallel", "2")
+    return cli("cluster", "rebalance", "--parallel", "2", "--reason", "docker test: fill s3")
 
 
 def test_a_third_shard_is_added_and_a_rebalance_moves_a_third_of_the_buckets_under_load() -> None:

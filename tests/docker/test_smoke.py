@@ -585,7 +585,7 @@ def test_rolling_upgrade_followers_first_then_a_switchover(clients: tuple[Client
             compose("up", "-d", "--no-deps", "--force-recreate", f)
             wait_healthy(f)
             eventually(functools.partial(role_is, f, "follower"), 30, f"{f} follows again")
-        result = cli("cluster", "switchover", f"{followers[0]}:3301")
+        result = cli("cluster", "switchover", f"{followers[0]}:3301", "--reason", "docker test: switchover")
         assert result["status"] == "OK", result
         say(f"switchover {leader} -> {followers[0]}: pause_ms {result['pause_ms']}, term {result['term']}")
         eventually(lambda: the_leader() == followers[0], 10, f"{followers[0]} leads")
@@ -719,7 +719,7 @@ def comes_back(instance: str, before: dict[str, Any], expected: tuple[str, ...])
     came_back = eventually(functools.partial(back_as, (*expected, "diverged")), 60, f"{instance} back")
     if came_back == "diverged":
         say(f"{instance} came back DIVERGED: cluster rejoin")
-        assert cli("cluster", "rejoin", f"{instance}:3301")["status"] == "OK"
+        assert cli("cluster", "rejoin", f"{instance}:3301", "--reason", "docker test: diverged")["status"] == "OK"
         came_back = eventually(functools.partial(back_as, ("follower",)), 120, f"{instance} rebuilt")
     wait_healthy(instance)
     eventually(lambda: cluster_status()["healthy"], 30, "cluster status healthy")
@@ -787,7 +787,7 @@ def test_cluster_rejoin_rebuilds_a_follower_through_exit_75_and_a_docker_restart
     follower = next(t for t in TARANTOOLS if t != leader)
     before = inspect(follower)
     since = time.time()
-    result = cli("cluster", "rejoin", f"{follower}:3301", "--force")
+    result = cli("cluster", "rejoin", f"{follower}:3301", "--force", "--reason", "docker test: rebuild")
     assert (result["status"], result["exit_code"]) == ("OK", 75), result
     eventually(lambda: inspect(follower)["RestartCount"] > before["RestartCount"], 60, f"{follower} restarted")
     assert 75 in exit_codes_since(follower, since)

@@ -159,7 +159,8 @@ class _MoveRow(_NsRow):
             "SMARTCACHE_CLUSTER": self.name,
             "SMARTCACHE_TARANTOOL": "",
         }
-        argv = [sys.executable, "-m", "smartcache.cli", "cluster", "drain", "s1", "--parallel", "2"]
+        argv = [sys.executable, "-m", "smartcache.cli", "cluster", "drain", "s1", "--parallel", "2",
+                "--reason", f"fault suite: {self.name}"]  # fmt: skip
         self.driver = Child(name="drain", argv=net.argv_in(SERVICE_HOST, argv), env=cli_env,
                             log_path=base / "drain.log")  # fmt: skip
         self.drain_exit: int | None = None

@@ -39,6 +39,7 @@ SUBCOMMANDS = [
     "products-get",
     "info",
     "cluster",
+    "audit",
     "keys",
     "counter-get",
     "counter-add",

@@ -44,11 +44,12 @@ def test_switchover_and_rejoin_say_plainly_that_failover_is_not_configured(
     storage_pair_fresh: tuple[Tarantool, Tarantool],
 ) -> None:
     master, replica = storage_pair_fresh
-    rc, doc = _cli("--tarantool", f"{master.address},{replica.address}", "switchover", replica.address)
+    reason = ["--reason", "test: failover is not configured"]
+    rc, doc = _cli("--tarantool", f"{master.address},{replica.address}", "switchover", replica.address, *reason)
     assert rc == 1
     assert doc["status"] == "BAD_REQUEST"
     assert "not configured" in doc["message"]
-    rc, doc = _cli("--tarantool", f"{master.address},{replica.address}", "rejoin", "no-such-instance")
+    rc, doc = _cli("--tarantool", f"{master.address},{replica.address}", "rejoin", "no-such-instance", *reason)
     assert rc == 2
     assert doc["error"] == "NOT_FOUND"
 

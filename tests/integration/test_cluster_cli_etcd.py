@@ -120,7 +120,9 @@ def test_a_killed_leader_is_not_shown_as_leader_and_the_cluster_not_healthy(ha: 
     """Right after kill -9 its member record still says leader (until its lease runs out): status shows it as
     'leader? (no answer)' at most, never as leader, names no leader until one is elected, and exits 1.
     Runs last of the tests on the module's cluster: the killed instance stays down."""
-    rc, doc, _ = _cli("--tarantool", _addresses(ha), "--etcd", ha.etcd.url, "init")  # a topology: members listed
+    rc, doc, _ = _cli(
+        "--tarantool", _addresses(ha), "--etcd", ha.etcd.url, "init", "--reason", "test"
+    )  # members listed
     assert rc == 0, doc
     name = ha.leader()
     dead = ha.nodes[name].address
@@ -199,13 +201,15 @@ class FakeLeader:
                 conn.close()
                 return
             result = [{"role": "leader", "writable": True, "term": 7, "instance_uuid": self.uuid, "uri": self.address}]
+            if name == "sc.audit_write":  # the entry before the switchover is taken
+                result = [{"status": "OK", "seq": len(self.calls)}]
         reply = msgpack.packb({0x00: 0, 0x01: sync, 0x05: 1}) + msgpack.packb({0x30: result})
         conn.sendall(b"\xce" + struct.pack(">I", len(reply)) + reply)  # the length as a msgpack uint32, always
 
 
 def test_a_leader_that_dies_during_the_switchover_is_a_clear_error_not_a_traceback() -> None:
     leader = FakeLeader()
-    rc, doc, err = _cli("--tarantool", leader.address, "switchover", "--timeout-ms", "2000")
+    rc, doc, err = _cli("--tarantool", leader.address, "switchover", "--timeout-ms", "2000", "--reason", "test")
     assert "Traceback" not in err, err
     assert rc == 4  # lost during the operation: try again later, not a usage error
     assert doc["error"] == "CONNECTION_LOST"
@@ -214,6 +218,8 @@ def test_a_leader_that_dies_during_the_switchover_is_a_clear_error_not_a_traceba
     assert "104" in doc["message"] or "reset" in doc["message"].lower()
     assert doc["leader"] is None  # asked again: nothing answers there any more
     assert leader.calls[-1] == "sc.switchover"
+    assert leader.calls.count("sc.audit_write") == 1, "written before it acted"
+    assert doc["audit"]["done"]["error"].startswith("the outcome was not recorded")
 
 
 def test_etcd_cluster_helper_names_the_leader_and_every_member(tmp_path: Path) -> None:

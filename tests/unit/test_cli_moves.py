@@ -30,8 +30,11 @@ def refused_url() -> str:
 
 @pytest.mark.parametrize(
     "args",
-    [["move", "3", "s2"], ["rebalance", "--dry-run"], ["drain", "s2"], ["settle"], ["shard", "add", "s3"]],
-)
+    [
+        ["move", "3", "s2", "--reason", "r"], ["rebalance", "--dry-run"], ["drain", "s2", "--reason", "r"],
+        ["settle"], ["shard", "add", "s3", "--reason", "r"],
+    ],
+)  # fmt: skip
 def test_an_etcd_that_does_not_answer_is_said_so(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["cluster", "--etcd", refused_url(), "--cluster", "bank", *args])
     doc = json.loads(capsys.readouterr().out)
@@ -59,12 +62,37 @@ def test_bad_arguments_are_refused_naming_the_argument(
     assert message in doc["message"]
 
 
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["move", "3", "s2"], "move"), (["rebalance"], "rebalance"), (["drain", "s2"], "drain"),
+        (["shard", "add", "s3"], "shard add"), (["switchover"], "switchover"), (["rejoin", "a:1"], "rejoin"),
+        (["init"], "init"), (["add", "a:1"], "add"), (["remove", "a:1"], "remove"),
+        (["move", "3", "s2", "--reason", "  "], "move"),
+    ],
+)  # fmt: skip
+def test_an_acting_command_without_a_reason_is_a_usage_error_before_anything_is_asked(
+    args: list[str], what: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[Any] = []
+    monkeypatch.setattr(cluster, "leader_now", lambda *a: asked.append(a))
+    monkeypatch.setattr(moves.bucketmap.etcd, "read_revision", lambda *a, **k: asked.append(a))
+    code = main(["cluster", "--etcd", "", "--tarantool", "127.0.0.1:1", "--cluster", "bank", *args])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == exits.USAGE
+    assert doc["error"] == "BAD_ARGUMENT"
+    assert doc["message"].startswith(f"smartcache-cli cluster {what}: --reason TEXT is required: say why")
+    assert not asked, "nothing was asked before the reason was checked"
+
+
 def test_without_a_name_the_moves_ask_the_instances_and_say_so_when_none_answers(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SMARTCACHE_CLUSTER", raising=False)
     nobody = refused_url().removeprefix("http://")
-    code = main(["cluster", "--etcd", refused_url(), "--tarantool", nobody, "--cluster", "", "rebalance"])
+    code = main(
+        ["cluster", "--etcd", refused_url(), "--tarantool", nobody, "--cluster", "", "rebalance", "--reason", "r"]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == exits.UNAVAILABLE
     assert doc["error"] == "UNREACHABLE"

@@ -8,19 +8,16 @@ Which cluster a command is about is :mod:`.clustername`'s.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from smartcache import extras
-from smartcache.cli import clustername, exits
+from smartcache.cli import clustername, exits, storage
 from smartcache.ops import etcd
-from smartcache.settings import Environment, SettingsError
 from smartcache.wire.buckets import MAX_BUCKETS
 from smartcache.wire.keys import create_key_pair
-from smartcache.wire.ports import CLUSTER_VARIABLE, default_etcd, default_tarantool
 
 COMMANDS = ("cluster", "keys")
 #: the operations that move buckets: they need the sharded cluster's name (given, else the instances')
@@ -44,30 +41,10 @@ def _cluster_parser(sub: Any) -> None:
         help="the storage cluster: status, switchover, rejoin, members (talks to Tarantool, not the service)",
         description="Ask every Tarantool instance its role (sc.role), or ask for a planned hand-over, a "
         "rebuild or a membership change. Roles are decided by etcd, membership by the topology in etcd, which "
-        "only the leader changes; this only asks. Credentials: Tarantool's operator user, "
-        "$SMARTCACHE_OPERATOR_USER (default operator) and $SMARTCACHE_OPERATOR_PASSWORD or _FILE (development "
-        "default operator; Tarantool's SC_OPERATOR_PASSWORD).",
+        "only the leader changes; this only asks. Every change is written to the audit log first, with who asked "
+        "and --reason (smartcache-cli audit). " + storage.CREDENTIALS_HELP,
     )
-    cl.add_argument(
-        "--tarantool",
-        default=default_tarantool(),
-        metavar="HOST:PORT,...",
-        help="every instance (default: $SMARTCACHE_TARANTOOL, else make run's; now %(default)s)",
-    )
-    cl.add_argument(
-        "--etcd",
-        default=default_etcd(),
-        metavar="URL,...",
-        help="etcd's client endpoints, for status (default: $SMARTCACHE_ETCD, else make run's three members; "
-        "now %(default)s; '' skips etcd)",
-    )
-    cl.add_argument(
-        "--cluster",
-        default=os.environ.get(CLUSTER_VARIABLE) or None,
-        metavar="NAME",
-        help="the cluster's name, SC_CLUSTER; one etcd holds (default: $SMARTCACHE_CLUSTER, else what the instances "
-        "report, and for a shard's instances the sharded cluster; cluster status prints it)",
-    )
+    storage.add_options(cl)
     ops = cl.add_subparsers(dest="operation", required=True, metavar="OPERATION", help="what to do")
     _roles_parsers(ops)
     _members_parsers(ops)
@@ -90,6 +67,7 @@ def _roles_parsers(ops: Any) -> None:
     )
     so.add_argument("instance", nargs="?", help="the new leader, HOST:PORT or uuid (default: the most up to date)")
     so.add_argument("--timeout-ms", type=int, default=5000, metavar="MS", help="how long the hand-over may take")
+    storage.add_reason(so)
     rj = ops.add_parser(
         "rejoin",
         help="rebuild an instance from the leader (its files are set aside first)",
@@ -97,6 +75,7 @@ def _roles_parsers(ops: Any) -> None:
     )
     rj.add_argument("instance", help="the instance to rebuild, HOST:PORT or uuid")
     rj.add_argument("--force", action="store_true", help="rebuild a follower that is not diverged too")
+    storage.add_reason(rj)
 
 
 def _moves_parsers(ops: Any) -> None:
@@ -110,9 +89,11 @@ def _moves_parsers(ops: Any) -> None:
         "wait until it has a leader; then add it here, and move buckets to it (rebalance).",
     )
     sh_add.add_argument("name", help="the shard's name (its instances run as SC_CLUSTER=<cluster>.<name>)")
+    storage.add_reason(sh_add)
     mv = ops.add_parser("move", help="move one bucket to a shard (its calls paused while its rows are copied)")
     mv.add_argument("bucket", type=int, help="the bucket, 0..buckets-1")
     mv.add_argument("shard", help="the destination shard")
+    storage.add_reason(mv)
     for name, text in (
         ("rebalance", "move buckets until every shard holds as many (within one)"),
         ("drain", "move every bucket of a shard to the others, evenly (before the shard is removed)"),
@@ -131,10 +112,13 @@ def _moves_parsers(ops: Any) -> None:
             help="wait after each move, per worker: throttles the moves so the front tier keeps its latency",
         )  # fmt: skip
         p.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
-    ops.add_parser(
+        storage.add_reason(p)
+    st = ops.add_parser(
         "settle",
         help="finish or give up the moves left half-done, once (every service instance does it every 5 s)",
+        description="Written to the audit log when the pass changed something.",
     )
+    storage.add_reason(st, required=False)
 
 
 def _positive(text: str) -> int:
@@ -151,37 +135,31 @@ def _not_negative(text: str) -> int:
     return n
 
 
-def _moves(a: argparse.Namespace, access: Any, emit: Emit) -> int:
+def _moves(a: argparse.Namespace, access: Any, actor: Any, emit: Emit) -> int:
     from smartcache.cli.progress import Progress  # noqa: PLC0415 (the server extra: see _cluster)
     from smartcache.ops import moves  # noqa: PLC0415
 
+    commands = moves.commands
     try:
         if a.operation == "shard":
-            doc = moves.shard_add(access, a.name)
+            doc = moves.shard_add(access, a.name, actor=actor)
         elif a.operation == "settle":
-            links = moves.Links(access)
-            try:
-                doc = moves.settle(access, links)
-            finally:
-                links.close()
+            doc = commands.settle_once(access, actor=actor)
         elif a.operation == "move":
-            links = moves.Links(access)
-            try:
-                doc = {"status": "OK", **moves.move(access, links, a.bucket, a.shard).as_dict()}
-            finally:
-                links.close()
+            doc = commands.move_bucket(access, a.bucket, a.shard, actor=actor)
         else:
-            current, _ = moves.read_map(access)
             away = [a.shard] if a.operation == "drain" else []
+            current, plan = commands.plan(access, away=away)
             if away and away[0] not in current["shards"]:
                 emit({"error": "NOT_FOUND", "message": f"no shard {away[0]!r} (shards: {current['shards']})"})
                 return exits.USAGE
-            plan = moves.plan_even(current, current["shards"], away=away)
             if a.dry_run:
                 emit({"status": "OK", "moves": len(plan), "plan": [[b, s] for b, s in plan]})
                 return exits.OK
-            progress = Progress(len(plan))
-            doc = moves.run_moves(access, plan, parallel=a.parallel, pause_s=a.pause_ms / 1000, progress=progress)
+            doc = commands.rebalance(
+                access, plan, actor=actor, drained=away[0] if away else None, parallel=a.parallel,
+                pause_s=a.pause_ms / 1000, progress=Progress(len(plan)),
+            )  # fmt: skip
     except etcd.EtcdUnavailable as e:
         emit({"error": "ETCD_UNAVAILABLE", "message": f"etcd did not answer (the bucket map is there): {e}"})
         return exits.UNAVAILABLE
@@ -189,7 +167,7 @@ def _moves(a: argparse.Namespace, access: Any, emit: Emit) -> int:
         emit({"status": "MOVE_FAILED", "message": str(e)})
         return exits.STATUS
     emit(doc)
-    return exits.OK if doc.get("status") == "OK" else exits.STATUS
+    return exit_of(doc)
 
 
 def _members_parsers(ops: Any) -> None:
@@ -212,6 +190,7 @@ def _members_parsers(ops: Any) -> None:
     ini.add_argument(
         "--buckets", type=int, default=1024, metavar="N", help="with --shards: how many buckets (1..65536; 1024)"
     )
+    storage.add_reason(ini)
     add = ops.add_parser(
         "add",
         help="make an instance a member: an empty instance waiting for it then joins the leader",
@@ -221,6 +200,7 @@ def _members_parsers(ops: Any) -> None:
     add.add_argument("address", help="HOST:PORT the instance advertises")
     add.add_argument("--http-port", type=int, metavar="N", help="its operator HTTP port (default: from its record)")
     add.add_argument("--not-eligible", action="store_true", help="a member that acknowledges writes, never leads")
+    storage.add_reason(add)
     rm = ops.add_parser(
         "remove",
         help="take a member out: it stops replicating and counting first, then leaves the list",
@@ -230,45 +210,26 @@ def _members_parsers(ops: Any) -> None:
     )
     rm.add_argument("address", help="HOST:PORT of the member (as listed by cluster status)")
     rm.add_argument("--timeout-ms", type=int, default=10000, metavar="MS", help="how long to wait for it to let go")
+    storage.add_reason(rm)
 
 
 def _cluster(a: argparse.Namespace, emit: Emit) -> int:
     endpoints = etcd.endpoints_of(a.etcd)
-    try:
-        # The Tarantool connector comes with the server extra; the other commands need only the client's.
-        from smartcache.ops import cluster  # noqa: PLC0415
-    except ModuleNotFoundError as e:
-        if e.name != "tarantool":
-            raise
-        doc: dict[str, Any] = {
-            "error": "MISSING_PACKAGE",
-            "message": f"cluster needs the server extra: {extras.SERVER_EXTRA_INSTALL}",
-        }
-        if a.operation == "status" and endpoints:  # etcd is asked with the standard library alone
-            doc["etcd"] = etcd.status(endpoints, a.timeout)
-        emit(doc)
+    with_etcd = a.operation == "status" and bool(endpoints)  # etcd is asked with the standard library alone
+    if _connector_missing(emit, (lambda: etcd.status(endpoints, a.timeout)) if with_etcd else None):
         return exits.MISSING_PACKAGE
-    # The operator's credentials, read as the console reads them (stripped, empty is unset, the secret from the
-    # variable or its _FILE, never both): a bad one is a bad environment variable.
-    env = Environment(os.environ)
-    user, password = env.get("OPERATOR_USER", "operator", str), env.secret("OPERATOR_PASSWORD", "operator")
-    try:
-        env.check()
-    except SettingsError as e:
-        emit({"error": "BAD_ARGUMENT", "message": f"smartcache-cli cluster: {e}"})
-        return exits.USAGE
-    access = cluster.Access(
-        addresses=[x.strip() for x in a.tarantool.split(",") if x.strip()],
-        user=user,
-        password=password,
-        timeout_s=a.timeout,  # per instance and etcd member: a frozen one is reported unreachable, not waited for
-        etcd=endpoints,
-        cluster=a.cluster or None,  # --cluster "": none given
-    )
-    not_found = clustername.unknown(access)
-    if not_found is not None:
-        emit(not_found)
-        return exits.USAGE
+    from smartcache.ops import cluster  # noqa: PLC0415 (the server extra: checked above)
+
+    access = storage.access_of(a, emit)
+    if isinstance(access, int):
+        return access
+    actor = None
+    if a.operation != "status":
+        dry_run = getattr(a, "dry_run", False)
+        actor = storage.actor_of(a, access, _what(a), required=a.operation in storage.REASON_REQUIRED and not dry_run)
+        if isinstance(actor, str):
+            emit({"error": "BAD_ARGUMENT", "message": actor})
+            return exits.USAGE
     if a.operation in MOVES:
         name = access.cluster or clustername.reported(access)
         if name is None:
@@ -276,40 +237,72 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
             emit({"error": "UNREACHABLE", "message": f"no instance answered with its cluster's name ({asked}): "
                   "check --tarantool, or name the sharded cluster with --cluster"})  # fmt: skip
             return exits.UNAVAILABLE
-        return _moves(a, replace(access, cluster=name), emit)
+        return _moves(a, replace(access, cluster=name), actor, emit)
     if a.operation == "status":
         doc = cluster.status(access)
         emit(doc)
         return exits.OK if doc["healthy"] else exits.STATUS
-    return _change(a, access, emit)
+    return _change(a, access, actor, emit)
 
 
-def _change(a: argparse.Namespace, access: Any, emit: Emit) -> int:
+def _what(a: argparse.Namespace) -> str:
+    """The operation as typed (``shard add``), for messages."""
+    return f"shard {a.shard_operation}" if a.operation == "shard" else str(a.operation)
+
+
+def _connector_missing(emit: Emit, etcd_status: Callable[[], dict[str, Any]] | None = None) -> bool:
+    """True (after saying so) when the Tarantool connector (the server extra) is not installed; etcd's status is
+    shown all the same when asked for (etcd_status: read with the standard library alone)."""
+    try:
+        import tarantool  # noqa: F401, PLC0415
+    except ModuleNotFoundError as e:
+        if e.name != "tarantool":
+            raise
+        doc: dict[str, Any] = {
+            "error": "MISSING_PACKAGE",
+            "message": f"cluster needs the server extra: {extras.SERVER_EXTRA_INSTALL}",
+        }
+        if etcd_status is not None:
+            doc["etcd"] = etcd_status()
+        emit(doc)
+        return True
+    return False
+
+
+def _change(a: argparse.Namespace, access: Any, actor: Any, emit: Emit) -> int:
     """cluster switchover / rejoin / init / add / remove: one operation of ops.cluster, its answer printed."""
     from smartcache.ops import cluster  # noqa: PLC0415 (the server extra: see _cluster)
 
     try:
         if a.operation == "switchover":
-            doc = cluster.switchover(access, a.instance, a.timeout_ms)
+            doc = cluster.switchover(access, a.instance, a.timeout_ms, actor=actor)
         elif a.operation == "rejoin":
-            doc = cluster.rejoin(access, a.instance, force=a.force)
+            doc = cluster.rejoin(access, a.instance, force=a.force, actor=actor)
         elif a.operation == "init" and a.shards:
             names = [x.strip() for x in a.shards.split(",") if x.strip()]
             if not names or not 1 <= a.buckets <= MAX_BUCKETS or len(set(names)) != len(names):
                 emit({"error": "BAD_ARGUMENT", "message": f"--shards: distinct names; --buckets: 1..{MAX_BUCKETS}"})
                 return exits.USAGE
-            doc = cluster.shards_init(access, names, a.buckets)
+            doc = cluster.shards_init(access, names, a.buckets, actor=actor)
         elif a.operation == "init":
-            doc = cluster.topology_init(access, force=a.force)
+            doc = cluster.topology_init(access, force=a.force, actor=actor)
         elif a.operation == "add":
-            doc = cluster.topology_add(access, a.address, http_port=a.http_port, eligible=not a.not_eligible)
+            doc = cluster.topology_add(
+                access, a.address, http_port=a.http_port, eligible=not a.not_eligible, actor=actor
+            )
         else:
-            doc = cluster.topology_remove(access, a.address, a.timeout_ms)
+            doc = cluster.topology_remove(access, a.address, a.timeout_ms, actor=actor)
     except LookupError as e:
         emit({"error": "NOT_FOUND", "message": str(e)})
         return exits.USAGE
     emit(doc)
-    if "error" in doc:  # CONNECTION_LOST: the instance stopped answering during the call
+    return exit_of(doc)
+
+
+def exit_of(doc: dict[str, Any]) -> int:
+    """An operation's exit code: OK 0; an instance lost during it (CONNECTION_LOST) or no leader to take its audit
+    entry (AUDIT_UNAVAILABLE: nothing done) 4; any other answer 1."""
+    if "error" in doc or doc.get("status") == "AUDIT_UNAVAILABLE":
         return exits.UNAVAILABLE
     return exits.OK if doc.get("status") == "OK" else exits.STATUS
 

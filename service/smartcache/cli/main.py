@@ -35,6 +35,7 @@ import zmq
 
 from smartcache import __version__
 from smartcache.cli import admin as cli_admin
+from smartcache.cli import audit as cli_audit
 from smartcache.cli import coordination as cli_coordination
 from smartcache.cli import events as cli_events
 from smartcache.cli import exits, output, suggest
@@ -205,8 +206,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _with_modules(p: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser:
-    """The subcommands that live in modules of their own: operators' (cli_admin) and the event log's."""
+    """The subcommands that live in modules of their own: operators' (cli_admin), the audit log's and the event
+    log's."""
     cli_admin.add_parsers(sub)
+    cli_audit.add_parsers(sub)
     cli_events.add_parsers(sub)
     _json_anywhere(sub)
     return p
@@ -349,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in cli_admin.COMMANDS:
         kind = f"{args.command}-{getattr(args, 'operation', '')}"
         return cli_admin.run(args, lambda doc: _print(_jsonable(doc), kind))
+    if args.command in cli_audit.COMMANDS:  # JSON lines unless --format columns, as events tail
+        _AS_JSON = args.json or args.format == "json"
+        return cli_audit.run(args, lambda doc: _print(_jsonable(doc), "audit"))
     if args.command in cli_events.COMMANDS:  # JSON lines unless --format columns, on a terminal too (the README)
         _AS_JSON = args.json or args.format == "json"
     parse_data(parser, args)

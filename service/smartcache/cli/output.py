@@ -177,6 +177,16 @@ def event(doc: Mapping[str, Any]) -> str:
     return f"{doc.get('seq')}  {doc.get('topic')}  {doc.get('key') or '-'}  {_scalar(doc.get('payload'))}"
 
 
+def audit_entry(doc: Mapping[str, Any]) -> str:
+    """One audit entry a line: time, [shard:]seq, who, action, target, phase and status, the reason quoted."""
+    given = doc.get("details")
+    details: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+    seq = f"{doc['shard']}:{doc.get('seq')}" if doc.get("shard") else str(doc.get("seq"))
+    phase = " ".join(str(details[k]) for k in ("phase", "status") if details.get(k))
+    cells = (doc.get("time"), seq, doc.get("who"), doc.get("action"), doc.get("target") or "-", phase or "-")
+    return "  ".join(_scalar(c) for c in cells) + f"  {json.dumps(doc.get('reason') or '')}"
+
+
 def render(doc: Mapping[str, Any], kind: str, *, as_json: bool) -> str:
     """The document as the command prints it; kind: the command ("info", "cluster-status", "event"...)."""
     if as_json:
@@ -191,4 +201,6 @@ def render(doc: Mapping[str, Any], kind: str, *, as_json: bool) -> str:
         return sharded_status(doc)
     if kind == "event" and "seq" in doc:
         return event(doc)
+    if kind == "audit" and "seq" in doc:
+        return audit_entry(doc)
     return plain(doc)
