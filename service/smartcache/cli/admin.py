@@ -8,6 +8,7 @@ Which cluster a command is about is :mod:`.clustername`'s.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 from smartcache import extras
 from smartcache.cli import clustername, exits, storage
 from smartcache.ops import etcd
+from smartcache.settings import Environment, SettingsError
 from smartcache.wire.buckets import MAX_BUCKETS
 from smartcache.wire.keys import create_key_pair
 
@@ -49,6 +51,16 @@ def _cluster_parser(sub: Any) -> None:
     _roles_parsers(ops)
     _members_parsers(ops)
     _moves_parsers(ops)
+    rk = ops.add_parser(
+        "sessions-rekey",
+        help="rename the sessions written before revision 11 (keyed by the raw id) to their stored ids",
+        description="Needs the session key the service derives with: $SMARTCACHE_SESSION_KEY or _FILE (make run's "
+        "var/session.key), checked against the one the cluster's sessions are keyed with before anything is "
+        "renamed. Pages through every shard's raw-keyed sessions; prints counts, never an id; running it again "
+        "renames nothing (docs/operations.md, the rolling upgrade).",
+    )
+    rk.add_argument("--page", type=_page, default=500, metavar="N", help="sessions asked for at a time (1..1000)")
+    storage.add_reason(rk)
 
 
 def _roles_parsers(ops: Any) -> None:
@@ -119,6 +131,13 @@ def _moves_parsers(ops: Any) -> None:
         description="Written to the audit log when the pass changed something.",
     )
     storage.add_reason(st, required=False)
+
+
+def _page(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= 1000:
+        raise argparse.ArgumentTypeError(f"must be 1..1000, not {n}")
+    return n
 
 
 def _positive(text: str) -> int:
@@ -242,7 +261,31 @@ def _cluster(a: argparse.Namespace, emit: Emit) -> int:
         doc = cluster.status(access)
         emit(doc)
         return exits.OK if doc["healthy"] else exits.STATUS
+    if a.operation == "sessions-rekey":
+        return _rekey(a, access, actor, emit)
     return _change(a, access, actor, emit)
+
+
+def _rekey(a: argparse.Namespace, access: Any, actor: Any, emit: Emit) -> int:
+    """cluster sessions-rekey: the service's session key, then every shard's raw-keyed sessions renamed."""
+    from smartcache.ops import rekey  # noqa: PLC0415 (the server extra: see _cluster)
+
+    env = Environment(os.environ)
+    key = env.session_key()
+    try:
+        env.check()
+    except SettingsError as e:
+        emit({"error": "BAD_ARGUMENT", "message": f"smartcache-cli cluster sessions-rekey: {e}"})
+        return exits.USAGE
+    if not key:
+        emit({"error": "BAD_ARGUMENT", "message": "smartcache-cli cluster sessions-rekey needs the session key the "
+              "service derives stored ids with: set SMARTCACHE_SESSION_KEY or SMARTCACHE_SESSION_KEY_FILE as the "
+              "service has it (make run's is var/session.key)"})  # fmt: skip
+        return exits.USAGE
+    access, shards = storage.sharded(access)
+    doc = rekey.rekey(access, key, shard_names=shards, page=a.page, actor=actor)
+    emit(doc)
+    return exit_of(doc)
 
 
 def _what(a: argparse.Namespace) -> str:

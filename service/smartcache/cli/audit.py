@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import datetime
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from smartcache.cli import clustername, exits, storage
+from smartcache.cli import exits, storage
 from smartcache.cli.events import FORMATS, from_sequence
 
 COMMANDS = ("audit",)
@@ -63,7 +62,7 @@ def _limit(text: str) -> int:
 def run(a: argparse.Namespace, emit: Emit) -> int:
     """Print the entries, then where to go on from; the exit code."""
     try:
-        from smartcache.ops import audit, status  # noqa: PLC0415 (the server extra)
+        from smartcache.ops import audit  # noqa: PLC0415 (the server extra)
     except ModuleNotFoundError as e:
         if e.name != "tarantool":
             raise
@@ -74,15 +73,12 @@ def run(a: argparse.Namespace, emit: Emit) -> int:
     access = storage.access_of(a, emit)
     if isinstance(access, int):
         return access
-    name = access.cluster or clustername.reported(access)
-    mapped = status.bucket_map(replace(access, cluster=name)) if name else None
-    shards = list(mapped.get("shards") or []) if mapped else []
+    access, shards = storage.sharded(access)
     if isinstance(a.since, dict) and not shards:
         emit({"error": "BAD_ARGUMENT", "message": "--since: shard=seq pairs are for a sharded cluster; give one SEQ"})
         return exits.USAGE
     after = a.since if isinstance(a.since, dict) else {"": a.since}
-    found = audit.read(replace(access, cluster=name) if shards else access, after=after, limit=a.limit,
-                       shard_names=shards)  # fmt: skip
+    found = audit.read(access, after=after, limit=a.limit, shard_names=shards)
     for entry in found["entries"]:
         emit(shown(entry))
     nxt: Any = found["last"].get("", 0) if not shards else {s: found["last"].get(s, after.get(s, 0)) for s in shards}

@@ -19,6 +19,7 @@ import getpass
 import os
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import zmq.auth
@@ -97,6 +98,18 @@ def access_of(a: argparse.Namespace, emit: Emit) -> Access | int:
         emit(not_found)
         return exits.USAGE
     return access
+
+
+def sharded(access: Access) -> tuple[Access, list[str]]:
+    """The access named for the sharded cluster and its shards when the instances are one (a bucket map in etcd),
+    else the access as given and no shard. Needs the Tarantool connector (the server extra)."""
+    from smartcache.ops import status  # noqa: PLC0415 (the server extra)
+
+    name = access.cluster or clustername.reported(access)
+    mapped = status.bucket_map(replace(access, cluster=name)) if name else None
+    if not mapped:
+        return access, []
+    return replace(access, cluster=name), [str(s) for s in mapped.get("shards") or []]
 
 
 def actor_of(a: argparse.Namespace, access: Access, what: str, *, required: bool) -> Actor | str:

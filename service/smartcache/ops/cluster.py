@@ -109,7 +109,7 @@ def switchover(access: Access, candidate: str | None, timeout_ms: int, *, actor:
         return {"from": now["leader"], **result}
 
     details = {"from": now["leader"], "timeout_ms": timeout_ms}
-    return audited(replica_set(access), actor, "switchover", candidate or "", act, details=details)
+    return audited(replica_set(access), actor, "cluster.switchover", candidate or "", act, details=details)
 
 
 def rejoin(access: Access, instance: str, *, force: bool, actor: Actor = UNATTENDED) -> dict[str, Any]:
@@ -125,7 +125,7 @@ def rejoin(access: Access, instance: str, *, force: bool, actor: Actor = UNATTEN
             return _lost(access, target["address"], "rejoin", e)
         return {"address": target["address"], **result}
 
-    return audited(replica_set(access), actor, "rejoin", target["address"], act, details={"force": force})
+    return audited(replica_set(access), actor, "cluster.rejoin", target["address"], act, details={"force": force})
 
 
 def _on_leader(
@@ -156,7 +156,7 @@ def _on_leader(
 
     if actor is None:
         return act()
-    return audited(replica_set(access), actor, procedure, target, act, details={"arguments": list(args)})
+    return audited(replica_set(access), actor, f"cluster.{procedure}", target, act, details={"arguments": list(args)})
 
 
 def topology_init(access: Access, *, force: bool = False, actor: Actor = UNATTENDED) -> dict[str, Any]:
@@ -191,7 +191,7 @@ def shards_init(
         return {"status": "BAD_REQUEST", "message": "--cluster names the sharded cluster"}
     details = {"shards": list(names), "buckets": buckets_count}
     return audited(
-        shards(access, names), actor, "shards_init", access.cluster,
+        shards(access, names), actor, "cluster.shards_init", access.cluster,
         lambda: _shards_init(access, names, buckets_count), details=details,
     )  # fmt: skip
 

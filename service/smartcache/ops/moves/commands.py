@@ -34,7 +34,7 @@ def move_bucket(access: Access, bucket: int, destination: str, *, actor: Actor) 
         finally:
             links.close()
 
-    return audited(shards(access, doc["shards"]), actor, "move", f"bucket {bucket} to {destination}", act)
+    return audited(shards(access, doc["shards"]), actor, "cluster.move", f"bucket {bucket} to {destination}", act)
 
 
 def plan(access: Access, *, away: Sequence[str] = ()) -> tuple[dict[str, Any], list[tuple[int, str]]]:
@@ -53,9 +53,10 @@ def rebalance(
     pause_s: float = 0.0,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Do a plan (from :func:`plan`) as one audited command: ``drain`` of the shard drained, else ``rebalance``."""
+    """Do a plan (from :func:`plan`) as one audited command: cluster.drain of the shard drained, else
+    cluster.rebalance."""
     doc, _ = read_map(access)
-    action, target = ("drain", drained) if drained else ("rebalance", access.cluster or "")
+    action, target = ("cluster.drain", drained) if drained else ("cluster.rebalance", access.cluster or "")
     destinations = sorted({s for _, s in moves})
     return audited(
         shards(access, doc["shards"]), actor, action, target,
@@ -75,5 +76,7 @@ def settle_once(access: Access, *, actor: Actor) -> dict[str, Any]:
     if did:
         doc, _ = read_map(access)
         details = {"did": [str(d)[:300] for d in did[:20]], "steps": len(did)}
-        result["audit"] = {"done": note(shards(access, doc["shards"]), actor, "settle", access.cluster or "", details)}
+        result["audit"] = {
+            "done": note(shards(access, doc["shards"]), actor, "cluster.settle", access.cluster or "", details)
+        }
     return result

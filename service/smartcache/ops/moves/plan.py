@@ -41,7 +41,9 @@ def shard_add(access: Access, name: str, *, actor: Actor = UNATTENDED) -> dict[s
     """A new shard (its replica set running as SC_CLUSTER=<cluster>.<name>) joins the map holding no bucket, and
     its leader learns the bucket count; rebalance then fills it. Written to the audit (on the map's shards)."""
     doc, _ = read_map(access)
-    return audited(shards(access, doc["shards"]), actor, "shard_add", name, lambda: _shard_add(access, doc, name))
+    return audited(
+        shards(access, doc["shards"]), actor, "cluster.shard_add", name, lambda: _shard_add(access, doc, name)
+    )
 
 
 def _shard_add(access: Access, doc: dict[str, Any], name: str) -> dict[str, Any]:
