@@ -32,6 +32,7 @@ from smartcache.wire import (
     frame_request_id,
 )
 from smartcache.wire.errors import ProtocolError, RequestError
+from smartcache.wire.sessionkeys import is_handle
 from smartcache.wire.status import Status
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -42,18 +43,24 @@ RETRY_ALWAYS = frozenset(e for e, done in REGISTRY.executed.items() if done == "
 #: outcomes that may have been executed: safe to send again only for idempotent requests
 RETRY_IF_IDEMPOTENT = frozenset(e for e, done in REGISTRY.executed.items() if done == "unknown") | {"TIMEOUT"}
 
-#: a session id as the client takes it: a UUID, its text, or 16 raw bytes
+#: a session id as the client takes it: a UUID, its text, or 16 raw bytes (never a handle: PROTOCOL.md 4)
 SessionId = bytes | uuid.UUID | str
 _CLIENT_STATUSES = frozenset(s.value for s in Status)
 
 
 def session_bytes(sid: SessionId | None) -> bytes:
-    """Accept a UUID, its string form, or 16 raw bytes; None is 'no session'."""
+    """Accept a UUID, its string form, or 16 raw bytes; None is 'no session'. A handle is refused with a
+    ValueError that says so: it names a session, it is not its id (PROTOCOL.md 4)."""
     if sid is None:
         return NO_SESSION
     if isinstance(sid, uuid.UUID):
         return sid.bytes
     if isinstance(sid, str):
+        if is_handle(sid):
+            raise ValueError(
+                f"{sid!r} is a session handle, not a session id: a handle names a session in lists and events "
+                "and is never sent as its id (end that session with session_delete(handle=..., client_id=...))"
+            )
         return uuid.UUID(sid).bytes
     if len(sid) != 16:
         raise ValueError(f"session id must be 16 bytes, got {len(sid)}")

@@ -30,6 +30,10 @@ class Status(StrEnum):
     #: 5: The client holds max_sessions live sessions already and the limit's policy is refuse: nothing was
     #: created. The reply says nothing of the other sessions but the limit (max_sessions).
     LIMIT_REACHED = "LIMIT_REACHED"
+    #: 6: The session is bound (created with a binding) and the request carried no binding or another one:
+    #: nothing was done, nothing refreshed, and storage wrote a session.binding_mismatch event. The reply says
+    #: nothing else of the session.
+    BINDING_MISMATCH = "BINDING_MISMATCH"
     #: 14: Waited the whole timeout (or wait_ms) and what was awaited did not happen (record idle, permit free,
     #: latch open, task ready); body is an error object.
     TIMEOUT = "TIMEOUT"
@@ -71,7 +75,9 @@ class TransportError(StrEnum):
     BAD_BODY = "BAD_BODY"
     #: 7: Wrong number of frames (expected header and body).
     BAD_FRAMES = "BAD_FRAMES"
-    #: 8: Queue full, or the message was evicted by a more urgent one. Retry later.
+    #: 8: Queue full, or the message was evicted by a more urgent one, or it names a session and its connection
+    #: had more NOT_FOUND answers about sessions in the last second than SMARTCACHE_NOT_FOUND_PER_PEER_PER_S
+    #: allows (guessing: PROTOCOL.md 4). Retry later.
     QUEUE_FULL = "QUEUE_FULL"
     #: 9: Lifetime ended before the message was executed (in the queue, or refused by storage at a deadline that
     #: passed on the service's clock too); it was never executed.
