@@ -56,6 +56,10 @@ def test_a_call_s_bucket_comes_from_its_own_arguments() -> None:
     assert bucket_of_call("counter_add", ["c", 1], 16) == buckets.bucket_of("c", 16)
     assert bucket_of_call("event_publish", ["app.x", None, None], 16) is None
     assert bucket_of_call("ping", [], 16) is None
+    assert bucket_of_call("session_delete", [v8, None, None, None], 16) == 5
+    handle_delete = [None, None, "h" + "a" * 26, "client-7"]  # by handle: its client's bucket
+    assert bucket_of_call("session_delete", handle_delete, 16) == buckets.bucket_of("client-7", 16)
+    assert bucket_of_call("session_rekey", [v8, v8], 16) == 5
 
 
 def test_the_service_routes_every_procedure_as_storage_checks_it() -> None:
@@ -64,7 +68,7 @@ def test_the_service_routes_every_procedure_as_storage_checks_it() -> None:
     lua = (ROOT / "lua" / "smartcache" / "api.lua").read_text()
     table = lua[lua.index("M.ROUTE = {") : lua.index("}", lua.index("M.ROUTE = {"))]
     rules = {"first_session": ("session", 0), "first_key": ("key", 0), "create_call": ("key", 1)}
-    rules |= {"cache_call": ("cache", 0), "published": ("key", 1)}
+    rules |= {"cache_call": ("cache", 0), "published": ("key", 1), "delete_call": ("delete", 0)}
     in_lua = {name: rules[rule] for name, rule in re.findall(r"(\w+) = (\w+)", table)}
     assert in_lua == dict(bucketmap.ROUTE)
 

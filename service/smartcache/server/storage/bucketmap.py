@@ -75,14 +75,19 @@ _BY_FIRST_KEY = (
     "semaphore_get", "latch_create", "latch_count_down", "latch_await", "latch_get",
     "queue_put", "queue_take", "queue_ack", "queue_release", "queue_stats",
 )  # fmt: skip
-_BY_SESSION = ("session_get", "session_touch", "session_update", "session_delete", "session_rotate")
+_BY_SESSION = ("session_get", "session_touch", "session_update", "session_rotate", "session_rekey")
 ROUTE: Mapping[str, tuple[str, int]] = {
     **dict.fromkeys(_BY_SESSION, ("session", 0)),
     **dict.fromkeys(_BY_FIRST_KEY, ("key", 0)),
     **dict.fromkeys(("cache_put", "cache_get", "cache_delete"), ("cache", 0)),
     "session_create": ("key", 1),
     "event_publish": ("key", 1),
+    # by the header's session, or by handle with its client: the client's bucket (a session's bucket is its
+    # client's), as api.lua's delete_call
+    "session_delete": ("delete", 0),
 }
+#: where session_delete by handle has its client_id
+_DELETE_CLIENT_ARG = 3
 
 
 def bucket_of_call(procedure: str, args: Sequence[Any], count: int) -> int | None:
@@ -98,6 +103,11 @@ def bucket_of_call(procedure: str, args: Sequence[Any], count: int) -> int | Non
             kind = "session"
         else:
             kind, value = "key", args[1] if len(args) > 1 else None
+    elif kind == "delete":
+        if value:
+            kind = "session"
+        else:
+            kind, value = "key", args[_DELETE_CLIENT_ARG] if len(args) > _DELETE_CLIENT_ARG else None
     if value is None or value == "":
         return None
     if kind == "session":
@@ -109,6 +119,6 @@ def bucket_of_call(procedure: str, args: Sequence[Any], count: int) -> int | Non
 def session_argument(procedure: str, args: Sequence[Any]) -> str | None:
     """The session id a call is about, if it routes by one."""
     route = ROUTE.get(procedure)
-    if route is None or route[0] not in ("session", "cache") or not args or not args[0]:
+    if route is None or route[0] not in ("session", "cache", "delete") or not args or not args[0]:
         return None
     return str(args[0])

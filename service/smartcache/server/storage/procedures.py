@@ -16,6 +16,8 @@ WRITES = frozenset(
         "session_update",
         "session_delete",
         "session_rotate",
+        "session_rekey",
+        "session_key_check",
         "cache_put",
         "cache_delete",
         "device_bind",

@@ -98,6 +98,8 @@ class Storage:
 
     #: one replica set: no shards (a :class:`~smartcache.server.storage.shards.ShardRouter` names its own)
     shard_names: tuple[str, ...] | None = None
+    #: one replica set: no buckets (new session ids are version 4)
+    bucket_count: int | None = None
 
     async def call_on(self, shard: str, procedure: str, args: list[Any], *, job: Job | None) -> dict[str, Any]:
         """A call that is about a shard's whole log (EVENTS_READ); with one replica set, the shard is ""."""

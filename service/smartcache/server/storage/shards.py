@@ -305,6 +305,11 @@ class ShardRouter:
         """The shards in the map's order, or None: one replica set."""
         return self.sharded.map.shards if self.sharded is not None else None
 
+    @property
+    def bucket_count(self) -> int | None:
+        """The sharded cluster's bucket count (new session ids carry their client's bucket), or None."""
+        return self.sharded.map.buckets if self.sharded is not None else None
+
     async def call_on(self, shard: str, procedure: str, args: list[Any], *, job: Job | None) -> dict[str, Any]:
         """A call about one shard as a whole (its event log): sent to that shard's leader, no bucket."""
         store = self.stores.get(shard)
