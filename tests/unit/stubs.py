@@ -214,6 +214,10 @@ class StubStorage:
     closed: bool = False
     #: calls waiting in will_hang now
     hanging: int = 0
+    #: a sharded cluster's bucket count (new session ids carry their client's bucket), or None
+    bucket_count: int | None = None
+    #: the shards (call_on), or None: one replica set
+    shard_names: tuple[str, ...] | None = None
     _script: deque[Any] = field(default_factory=deque)
 
     def will_answer(self, result: dict[str, Any]) -> StubStorage:
@@ -250,6 +254,9 @@ class StubStorage:
         finally:
             if job is not None:
                 job.returned += 1
+
+    async def call_on(self, shard: str, procedure: str, args: list[Any], *, job: Job | None) -> dict[str, Any]:
+        return await self.call(procedure, args, job=job)
 
     def describe(self) -> list[dict[str, Any]]:
         return [{"address": "stub", "state": "up" if self.connected else "down", "leader": self.connected}]

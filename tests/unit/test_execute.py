@@ -196,11 +196,14 @@ def test_a_reply_keeps_the_requests_session_id_for_a_type_that_creates_none() ->
 CREATED = uuid.UUID(bytes=bytes(range(16, 32)))
 
 
-def test_session_create_ok_answers_with_the_created_session_id_in_the_header() -> None:
-    storage = StubStorage().will_answer({"status": "OK", "session_id": str(CREATED)})  # storage speaks UUID text
-    h, b = reply_of(run(job("SESSION_CREATE", {"client_id": "c-1"}), SESSIONS, context(storage)))
-    assert h.session_id == CREATED.bytes
-    assert b == {"status": STATUS["OK"]}  # the id travels in the header only
+def test_session_create_ok_answers_the_raw_id_the_service_made_in_the_header_and_storage_gets_its_stored_id() -> None:
+    storage = StubStorage().will_answer({"status": "OK", "rev": 1})
+    ctx = context(storage)
+    h, b = reply_of(run(job("SESSION_CREATE", {"client_id": "c-1"}), SESSIONS, ctx))
+    stored, handle = ctx.sessions.made(h.session_id)
+    assert uuid.UUID(bytes=h.session_id).version == 4  # one replica set: version 4
+    assert storage.calls[0].args[0] == stored != str(uuid.UUID(bytes=h.session_id))
+    assert b == {"status": STATUS["OK"], "rev": 1, "handle": handle}  # the id travels in the header only
 
 
 def test_session_create_that_is_not_ok_answers_a_zero_session_id_even_if_the_request_had_one() -> None:

@@ -48,6 +48,7 @@ from smartcache.server.metrics import Metrics
 from smartcache.server.parsers import SettingsError
 from smartcache.server.publisher import EventPublisher
 from smartcache.server.security import Curve
+from smartcache.server.sessionids import SessionIds
 from smartcache.server.work.workers import WorkerPool
 from smartcache.wire import REGISTRY
 
@@ -67,8 +68,14 @@ class Service:
         self.context: zmq.Context[Any] = zmq.Context()
         self.metrics = Metrics()
         self.started_at = time.monotonic()
+        self.sessions = SessionIds(settings)
         self.pool = WorkerPool(
-            settings=settings, context=self.context, metrics=self.metrics, handlers=handlers, introspect=self.introspect
+            settings=settings,
+            context=self.context,
+            metrics=self.metrics,
+            handlers=handlers,
+            introspect=self.introspect,
+            sessions=self.sessions,
         )
         self.curve = (
             Curve(
@@ -128,6 +135,12 @@ class Service:
 
     def start(self) -> None:
         s = self.settings
+        if not s.session_key:
+            log.warning(
+                "session_key_unset",
+                hint="SMARTCACHE_SESSION_KEY (or _FILE) is unset: stored session ids are derived with the all-zero "
+                "key, which is not secret (development only; production refuses it)",
+            )
         try:
             self.metrics_port = self.metrics.serve(
                 s.metrics_addr, s.metrics_port, live=self.live, ready=self.ready, token=s.metrics_token
@@ -161,6 +174,8 @@ class Service:
             tarantool=list(s.tarantool),
             discovery=f"{s.cluster} in etcd" if s.discovery else None,
             events=self.events.endpoint if self.events is not None else None,
+            session_key_id=self.sessions.key_id,
+            session_rekey=s.session_rekey,
         )
 
     def introspect(self) -> dict[str, Any]:
@@ -193,14 +208,15 @@ class Service:
         return {"broker": self.broker.is_alive()}
 
     def ready(self) -> Mapping[str, bool]:
-        """/health/ready: the broker runs and takes messages, every worker slot is announced, and
-        every worker's storage knows a leader."""
+        """/health/ready: the broker runs and takes messages, every worker slot is announced, every
+        worker's storage knows a leader, and storage agreed that the session key is the cluster's."""
         dispatcher = self.broker.dispatcher
         return {
             "broker": self.broker.is_alive(),
             "accepting": not self.broker.stopping,
             "workers": len(dispatcher.free) + len(dispatcher.inflight) >= self.settings.workers,
             "storage": all(w.storage is not None and w.storage.connected for w in self.pool.workers),
+            "session_key": self.sessions.checked,
         }
 
     def reload_keys(self) -> None:

@@ -258,6 +258,11 @@ class HandlerMetrics:
             ["primitive"],
             registry=r,
         )
+        self.sessions_rekeyed = Counter(
+            f"{p}_sessions_rekeyed_total",
+            "Sessions stored by their raw id that a call renamed to their stored id (SMARTCACHE_SESSION_REKEY=lazy).",
+            registry=r,
+        )
         for outcome in ("started", "skipped_fresh", "skipped_busy", "completed", "failed"):
             self.prewarm.labels(outcome)
         for source in ("cache", "waited", "fetched", "error"):

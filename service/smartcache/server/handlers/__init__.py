@@ -20,16 +20,9 @@ from smartcache.server.config import Settings
 from smartcache.server.corebackend import CoreBackend
 from smartcache.server.job import Job
 from smartcache.server.metrics import Metrics
+from smartcache.server.sessionids import SessionIds
 from smartcache.server.storage import AnyStorage
-from smartcache.wire import NO_SESSION, Header
-
-
-def session_text(sid: bytes) -> str:
-    """16 raw bytes as canonical UUID text ('' for no session)."""
-    if sid == NO_SESSION:
-        return ""
-    h = sid.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+from smartcache.wire import Header
 
 
 @dataclass(slots=True)
@@ -40,17 +33,16 @@ class Request:
     body: dict[str, Any]
     #: the message in its worker slot: pass it to every storage call (its deadline, what reached storage)
     job: Job
-    #: set by a handler to answer with another session id (SESSION_CREATE)
+    #: the stored id (UUID text) of the header's session, derived before any storage call ('' for none): what
+    #: storage, routing and everything past the handler know a session by. The header's raw id goes nowhere.
+    session: str = ""
+    #: set by a handler to answer with a session id it made (SESSION_CREATE, SESSION_ROTATE): a raw id
     reply_session: bytes | None = field(default=None)
 
     @property
     def deadline(self) -> float:
         """Loop time (monotonic seconds) at which the message's lifetime ends (the job's)."""
         return self.job.deadline
-
-    @property
-    def session(self) -> str:
-        return session_text(self.header.session_id)
 
     @property
     def idempotency_key(self) -> str | None:
@@ -72,6 +64,8 @@ class Context:
     owner_prefix: str
     #: the service's own state for INFO (version, settings, queue, workers, counts)
     introspect: Callable[[], dict[str, Any]] = field(default=dict)
+    #: the session key: stored ids, new raw ids, whether the cluster agrees on the key
+    sessions: SessionIds = field(default_factory=lambda: SessionIds(Settings()))
 
 
 Handler = Callable[[Request, Context], Awaitable[dict[str, Any]]]

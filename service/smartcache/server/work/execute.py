@@ -34,6 +34,9 @@ from smartcache.wire.errors import DeadlineExceeded, OutcomeUnknown, ProtocolErr
 log = structlog.get_logger("execute")
 _STORAGE_ONLY = REGISTRY.storage_only_statuses
 _DATA_ERROR = REGISTRY.data_error_statuses
+#: types about sessions that may name none in the header (a create, a list, log out everywhere): refused too
+#: while the service's session key is not the cluster's
+_SESSION_TYPES = frozenset(name for name in REGISTRY.types if name.startswith("SESSION_"))
 
 
 class Answer(NamedTuple):
@@ -66,7 +69,11 @@ async def execute(job: Job, context: Context, handlers: Mapping[str, Handler], m
     problem = spec.check_request(body) or _session_problem(spec.session, header.session_id)
     if problem is not None:
         return reply(job.header, spec, {"status": "BAD_REQUEST", "message": problem})
-    req = Request(header=header, body=body, job=job)
+    sessions = context.sessions
+    if sessions.refusal is not None and (header.session_id != NO_SESSION or spec.name in _SESSION_TYPES):
+        return failure("STORAGE_UNAVAILABLE", sessions.refusal)  # another key than the cluster's: not executed
+    # The stored id, before any storage call: the header's raw id goes no further (issue 37).
+    req = Request(header=header, body=body, job=job, session=sessions.stored(header.session_id))
     try:
         result = await handlers[spec.name](req, context)
     except StorageUnavailable as e:

@@ -47,6 +47,7 @@ from smartcache.server.handlers import Context, Handler
 from smartcache.server.handlers.routes import ALL_HANDLERS
 from smartcache.server.job import Job
 from smartcache.server.metrics import Metrics, label
+from smartcache.server.sessionids import KeyCheck, SessionIds
 from smartcache.server.storage import AnyStorage, ShardRouter, Storage
 from smartcache.server.work.execute import Answer, execute, failure
 from smartcache.server.zmqio import NOBLOCK, readable
@@ -100,10 +101,16 @@ class Worker:
         introspect: Callable[[], dict[str, Any]] = dict,
         direct: bool = False,
         storage: Callable[[], AnyStorage] | None = None,
+        sessions: SessionIds | None = None,
+        check_key: bool = False,
     ) -> None:
         """direct: the worker runs on the broker's loop and talks to it through ``self.link`` (no socket).
         storage: makes the worker's storage once its loop runs (default: a :class:`Storage` of the
-        settings' instances; unit tests give a stub)."""
+        settings' instances; unit tests give a stub). sessions: the service's session key (shared by its
+        workers); check_key: this worker checks it with storage (one per process)."""
+        self.sessions = sessions or SessionIds(settings)
+        self._check_key = check_key
+        self._key_check: asyncio.Task[None] | None = None
         self._make_storage = storage or (lambda: _storage_of(settings, metrics))
         self.index = index
         self._introspect = introspect
@@ -145,8 +152,11 @@ class Worker:
             enqueue=self.enqueue,
             owner_prefix=f"{self._settings.instance_id}/w{self.index}",
             introspect=self._introspect,
+            sessions=self.sessions,
         )
         await self.storage.start()  # returns at once; connects in the background
+        if self._check_key:
+            self._key_check = asyncio.ensure_future(KeyCheck(self.sessions).run(self.storage))
         # Slots are offered at once: with storage down, messages are answered
         # STORAGE_UNAVAILABLE at once instead of waiting in the queue.
         ready = [inproc.READY, inproc.CREDIT.pack(self.slots), b"", b""]
@@ -180,6 +190,10 @@ class Worker:
         try:
             await self._stopping.wait()
         finally:
+            if self._key_check is not None:
+                self._key_check.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._key_check
             if self._jobs:
                 await asyncio.wait(list(self._jobs), timeout=STOP_GRACE_S)
             if self._outbox:
@@ -333,8 +347,11 @@ class WorkerPool:
         metrics: Metrics,
         handlers: dict[str, Handler] | None = None,
         introspect: Callable[[], dict[str, Any]] = dict,
+        sessions: SessionIds | None = None,
     ) -> None:
         n = max(1, settings.worker_threads)
+        #: the session key the workers derive with, and whether the cluster agrees on it (worker 0 asks)
+        self.sessions = sessions or SessionIds(settings)
         sizes = [settings.workers // n + (1 if i < settings.workers % n else 0) for i in range(n)]
         self.workers = [
             Worker(
@@ -346,6 +363,8 @@ class WorkerPool:
                 handlers=handlers,
                 introspect=introspect,
                 direct=settings.worker_threads == 0,
+                sessions=self.sessions,
+                check_key=i == 0,
             )
             for i, s in enumerate(sizes)
         ]
