@@ -98,6 +98,13 @@ class Reply:
         sid = self.header.session_id
         return None if sid == NO_SESSION else uuid.UUID(bytes=sid)
 
+    @property
+    def handle(self) -> str | None:
+        """The session's handle (SESSION_CREATE's and SESSION_ROTATE's reply body; None elsewhere): the
+        non-secret name events, SESSION_LIST and SESSION_DELETE by handle use for it (PROTOCOL.md 4)."""
+        value = self.body.get("handle")
+        return value if isinstance(value, str) else None
+
 
 def decode_reply(frames: list[bytes]) -> Reply:
     if frames and frames[0] == b"":  # REQ-style empty delimiter

@@ -3,7 +3,8 @@
 The registry (:mod:`.registry`, every type, status, error code and limit from
 ``proto/protocol.toml``), the header's layout (:mod:`.layout`), the header and
 body codec (:mod:`.header`, :mod:`.body`), the exception tree (:mod:`.errors`),
-CURVE key files (:mod:`.keys`) and the default ports (:mod:`.ports`). It imports
+CURVE key files (:mod:`.keys`), session ids at rest (:mod:`.sessionkeys`: stored ids and
+handles) and the default ports (:mod:`.ports`). It imports
 nothing else of smartcache (``make lint`` checks it): the client, the CLI and
 the server all build on it. ``proto/PROTOCOL.md`` is the spec it implements.
 """
