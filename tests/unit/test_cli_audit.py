@@ -64,9 +64,9 @@ def test_sessions_rekey_without_a_reason_is_refused_before_the_key_is_read(
 
 
 def test_a_reason_longer_than_storage_keeps_is_refused(asked: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
-    code, doc = _run(["switchover", "--reason", "x" * 501], capsys)
+    code, doc = _run(["switchover", "--reason", "é" * 513], capsys)
     assert code == exits.USAGE
-    assert "--reason is 501 characters; at most 500" in doc["message"]
+    assert "--reason is 1026 bytes; at most 1024" in doc["message"]
 
 
 def test_shard_cursors_for_one_replica_set_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

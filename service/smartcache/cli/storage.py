@@ -27,7 +27,7 @@ import zmq.auth
 from smartcache.cli import clustername, exits
 from smartcache.ops import etcd
 from smartcache.ops.access import Access
-from smartcache.ops.audit import Actor, cli_who
+from smartcache.ops.actors import MAX_REASON_BYTES, Actor, cli_who
 from smartcache.settings import Environment, SettingsError
 from smartcache.wire.ports import CLUSTER_VARIABLE, default_etcd, default_tarantool
 
@@ -35,8 +35,6 @@ Emit = Callable[[dict[str, Any]], None]
 #: the cluster operations that need --reason (settle and the reads do not; a --dry-run acts on nothing)
 REASON_REQUIRED = ("switchover", "rejoin", "init", "add", "remove", "shard", "move", "rebalance", "drain",
                    "sessions-rekey")  # fmt: skip
-#: the longest reason taken (storage keeps it whole)
-MAX_REASON = 500
 REASON_HELP = "why: written to the audit log with who asked (smartcache-cli audit shows it)"
 CREDENTIALS_HELP = (
     "Credentials: Tarantool's operator user, $SMARTCACHE_OPERATOR_USER (default operator) and "
@@ -121,8 +119,8 @@ def actor_of(a: argparse.Namespace, access: Access, what: str, *, required: bool
             f"smartcache-cli cluster {what}: --reason TEXT is required: say why (it is written to the audit log "
             "with who asked; smartcache-cli audit shows it)"
         )
-    if len(reason) > MAX_REASON:
-        return f"smartcache-cli cluster {what}: --reason is {len(reason)} characters; at most {MAX_REASON}"
+    if len(reason.encode()) > MAX_REASON_BYTES:
+        return f"smartcache-cli cluster {what}: --reason is {len(reason.encode())} bytes; at most {MAX_REASON_BYTES}"
     curve_public = None
     if a.curve_key:
         try:

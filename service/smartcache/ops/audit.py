@@ -18,61 +18,35 @@ Where an entry goes: to the leader of the replica set the operation is about
 (:func:`replica_set`), or for a sharded cluster's operations to the first of its shards whose
 leader takes it (:func:`shards`); :func:`read` gathers every shard's entries.
 
-Who: an :class:`Actor` names the caller: the CLI's operator (``cli:alice@bastion-1 as operator``),
-a CURVE key (``curve:<z85>``), the console's token (``console:<the first 12 hex of its SHA-256>``,
-never the token). A program that calls without one is written as :data:`UNATTENDED`.
+Who: an :class:`~.actors.Actor` (:mod:`.actors`, which needs no connector: the CLI makes one before it
+knows whether the server extra is installed). A program that calls without one is written as
+:data:`~.actors.UNATTENDED`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from smartcache.ops.access import Access
+from smartcache.ops.actors import MAX_REASON_BYTES, UNATTENDED, Actor, cli_who, console_who, token_id
 from smartcache.ops.instances import CONNECTION_ERRORS, call, leader_now
 from smartcache.wire import topology
 
 #: how long the outcome's entry is tried (a switchover's new leader takes a moment to accept writes)
 OUTCOME_WAIT_S = 10.0
 OUTCOME_POLL_S = 0.3
-#: how many entries one sc.audit_read answers at most (storage's bound too)
+#: how many entries one sc.audit_read answers at most (storage's bound: 1000)
 READ_PAGE = 500
 #: how much of a text (a message, an error) an outcome's entry keeps
 MAX_TEXT = 300
 
-
-@dataclass(frozen=True)
-class Actor:
-    """Who asks and why: written with both entries of every operation."""
-
-    who: str
-    reason: str
-
-
-def cli_who(operator_user: str, login: str, host: str, curve_public: str | None = None) -> str:
-    """The CLI's operator: its CURVE public key (z85) when it has one, else ``cli:<login>@<host> as <user>``."""
-    if curve_public:
-        return f"curve:{curve_public}"
-    return f"cli:{login}@{host} as {operator_user}"
-
-
-def token_id(token: str) -> str:
-    """A token named without being given away: the first 12 hex of its SHA-256."""
-    return hashlib.sha256(token.encode()).hexdigest()[:12]
-
-
-def console_who(token: str) -> str:
-    return f"console:{token_id(token)}"
-
-
-#: who a program that called an operation without an actor is written as (make run's set-up, tests, load tests)
-UNATTENDED = Actor(
-    who=f"unattended@{socket.gethostname()}", reason="no operator: a program called smartcache.ops without one"
-)
+__all__ = [
+    "MAX_REASON_BYTES", "UNATTENDED", "Actor", "AuditUnavailable", "Caller", "Places", "audited", "cli_who",
+    "console_who", "note", "read", "replica_set", "shards", "token_id", "write",
+]  # fmt: skip
 
 
 class AuditUnavailable(Exception):
@@ -198,10 +172,18 @@ def note(places: Places, actor: Actor, action: str, target: str, details: Mappin
         return {"error": str(e)}
 
 
-def read(access: Access, *, after: Mapping[str, int], limit: int, shard_names: Sequence[str] = ()) -> dict[str, Any]:
+def read(
+    access: Access,
+    *,
+    after: Mapping[str, int],
+    limit: int,
+    shard_names: Sequence[str] = (),
+    newest: int | None = None,
+) -> dict[str, Any]:
     """The entries after each place's seq (``after[""]`` for one replica set, ``after[shard]`` per shard), at
     most limit per place, oldest first by time; every shard's for a sharded cluster (each entry names its
-    shard). Returns ``{"entries", "last": {place: seq}, "errors": {place: why}}``."""
+    shard). newest: a place missing from after starts at its newest entries (that many), not at its first.
+    Returns ``{"entries", "last": {place: seq}, "errors": {place: why}}``."""
     places: list[tuple[str, Access]] = [("", access)]
     if shard_names:
         assert access.cluster is not None
@@ -212,8 +194,9 @@ def read(access: Access, *, after: Mapping[str, int], limit: int, shard_names: S
     last: dict[str, int] = {}
     errors: dict[str, str] = {}
     for name, where in places:
+        start = after.get(name, after.get("", None if newest is not None else 0))
         try:
-            got, seq = _read_one(where, after.get(name, after.get("", 0)), limit)
+            got, seq = _read_one(where, start, limit, newest or 0)
         except (AuditUnavailable, *CONNECTION_ERRORS) as e:
             errors[name or "leader"] = f"{type(e).__name__}: {e}"
             continue
@@ -223,11 +206,15 @@ def read(access: Access, *, after: Mapping[str, int], limit: int, shard_names: S
     return {"entries": entries, "last": last, "errors": errors}
 
 
-def _read_one(access: Access, after: int, limit: int) -> tuple[list[dict[str, Any]], int]:
-    """Up to limit entries after seq from one replica set's leader (page by page); and the last seq seen."""
+def _read_one(access: Access, after: int | None, limit: int, newest: int) -> tuple[list[dict[str, Any]], int]:
+    """Up to limit entries after seq (None: the newest ones) from one replica set's leader, page by page; and
+    the last seq seen."""
     leader = leader_now(access)["leader"]
     if leader is None:
         raise AuditUnavailable("no instance leads now")
+    if after is None:
+        head = call(access, leader, "audit_read", 0, 1)
+        after = max(0, int(head.get("head_seq") or 0) - newest)
     out: list[dict[str, Any]] = []
     while len(out) < limit:
         r = call(access, leader, "audit_read", after, min(READ_PAGE, limit - len(out)))
@@ -235,7 +222,7 @@ def _read_one(access: Access, after: int, limit: int) -> tuple[list[dict[str, An
             raise AuditUnavailable(f"{r.get('status')}: {r.get('message') or r}")
         page = list(r.get("entries") or [])
         out += page
-        after = int(r.get("last_seq") or after)
         if not page:
             break
+        after = max(int(e.get("seq") or 0) for e in page)
     return out, after

@@ -26,6 +26,12 @@ from smartcache.wire import topology
 CONNECTION_ERRORS = (tarantool.error.Error, OSError)
 
 
+def answered_error(e: BaseException) -> bool:
+    """Whether e is an error the instance answered (access denied, a Lua error), not a connection lost or
+    refused: asking again, or another instance, changes nothing."""
+    return isinstance(e, tarantool.error.DatabaseError) and not isinstance(e, tarantool.error.NetworkError)
+
+
 def connection(access: Access, address: str, answer_timeout_s: float | None = None) -> tarantool.Connection:
     """A connected connection whose calls wait answer_timeout_s (default: the access timeout) for an answer (the
     caller closes it); raises one of CONNECTION_ERRORS."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from smartcache.ops.access import Access
 from smartcache.ops.audit import UNATTENDED, Actor, audited, replica_set, shards
-from smartcache.ops.instances import CONNECTION_ERRORS, call, leader_now
+from smartcache.ops.instances import CONNECTION_ERRORS, answered_error, call, leader_now
 from smartcache.wire import sessionkeys, topology
 
 #: sessions asked for per page (storage takes 1..1000)
@@ -78,6 +78,8 @@ class _Leader:
                         return r
                     last = f"{self.address} answered NOT_LEADER"
             except CONNECTION_ERRORS as e:
+                if answered_error(e):  # access denied, a Lua error: the same on any instance
+                    raise RekeyStopped(f"{procedure} refused by {self.address}: {e}") from e
                 last = f"{type(e).__name__}: {e}"
             self.address = None
             if time.monotonic() > deadline:

@@ -52,6 +52,7 @@ def status(access: Access, *, with_etcd: bool = True) -> dict[str, Any]:
         whole = sharded_cluster_of(access, reg.cluster)
         if whole is not None:
             return status(replace(access, cluster=whole))
+    _http_ports(instances, reg)
     writable = [i["address"] for i in instances if i.get("writable")]
     leaders = [i for i in instances if i.get("role") == "leader"]
     leader = max(leaders, key=lambda i: i.get("term") or 0, default=None)
@@ -72,6 +73,18 @@ def status(access: Access, *, with_etcd: bool = True) -> dict[str, Any]:
         out["topology"] = topology_status(reg, instances)
         out["healthy"] = storage_healthy and out["etcd"].get("healthy", True)
     return out
+
+
+def _http_ports(instances: Sequence[dict[str, Any]], reg: Registry | None) -> None:
+    """Each instance's operator HTTP port, as its member record in etcd publishes it (the console reads sessions
+    there: by handle, without refreshing them); none for a standalone instance, which publishes no record."""
+    if reg is None:
+        return
+    ports = {r["uri"]: r.get("http_port") for r in reg.records}
+    for i in instances:
+        port = ports.get(i.get("uri") or i["address"]) or ports.get(i["address"])
+        if isinstance(port, int):
+            i["http_port"] = port
 
 
 def _sharded(access: Access, sharded: dict[str, Any]) -> dict[str, Any]:
