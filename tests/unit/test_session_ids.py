@@ -200,3 +200,15 @@ def test_a_session_the_lazy_rekey_does_not_find_raw_keyed_is_not_found() -> None
     _, b = reply_of(run(job("CACHE_GET", {"key": "k"}, session_id=SESSION), ALL_HANDLERS, ctx))
     assert b["status"] == STATUS["NOT_FOUND"]
     assert [c.procedure for c in storage.calls] == ["cache_get", "session_rekey"]
+
+
+def test_a_not_found_about_a_session_is_marked_a_miss_and_a_live_sessions_missing_key_is_not() -> None:
+    def answer(type_name: str, fields: dict[str, Any], result: dict[str, Any]) -> bool:
+        storage = StubStorage(default=result)
+        return run(job(type_name, fields, session_id=SESSION), ALL_HANDLERS, _ctx(storage)).miss
+
+    assert answer("SESSION_GET", {}, {"status": "NOT_FOUND"})
+    assert answer("SESSION_ROTATE", {}, {"status": "NOT_FOUND"})
+    assert answer("CACHE_GET", {"key": "k"}, {"status": "NOT_FOUND", "message": "session is not live"})
+    assert not answer("CACHE_GET", {"key": "k"}, {"status": "NOT_FOUND"})
+    assert not answer("SESSION_GET", {}, {"status": "OK"})

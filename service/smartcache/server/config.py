@@ -77,6 +77,9 @@ DEVELOPMENT_PASSWORD = "smartcache"  # noqa: S105 - the documented local default
 #: bad input answered per second, per client connection and in all (beyond: dropped unanswered, counted)
 DEFAULT_BAD_INPUT_PER_PEER_PER_S = 100
 DEFAULT_BAD_INPUT_PER_S = 1000
+#: NOT_FOUND answers about sessions per second per peer; beyond, its requests naming a session are refused
+#: QUEUE_FULL until its second ends (guessing a session id: PROTOCOL.md 4)
+DEFAULT_NOT_FOUND_PER_PEER_PER_S = 1000
 #: service processes behind one endpoint (service/smartcache/server/processes.py); 1 is the single process, no proxy
 DEFAULT_PROCESSES = 1
 MAX_PROCESSES = 64
@@ -161,6 +164,7 @@ class Settings:
     metrics_token: str = ""
     bad_input_per_peer_per_s: int = DEFAULT_BAD_INPUT_PER_PEER_PER_S
     bad_input_per_s: int = DEFAULT_BAD_INPUT_PER_S
+    not_found_per_peer_per_s: int = DEFAULT_NOT_FOUND_PER_PEER_PER_S
     #: where the event log is published (ZeroMQ PUB); "" = no publisher
     events_listen: str = DEFAULT_EVENTS_LISTEN
     #: service processes behind settings.listen (--processes N); above 1 this process is their parent
@@ -278,6 +282,7 @@ def _build(r: Environment) -> Settings:
         metrics_token=r.secret("METRICS_TOKEN", ""),
         bad_input_per_peer_per_s=r.get("BAD_INPUT_PER_PEER_PER_S", DEFAULT_BAD_INPUT_PER_PEER_PER_S, parse_integer(1)),
         bad_input_per_s=r.get("BAD_INPUT_PER_S", DEFAULT_BAD_INPUT_PER_S, parse_integer(1)),
+        not_found_per_peer_per_s=r.get("NOT_FOUND_PER_PEER_PER_S", DEFAULT_NOT_FOUND_PER_PEER_PER_S, parse_integer(1)),
         events_listen=r.get("EVENTS_LISTEN", DEFAULT_EVENTS_LISTEN, parse_events_listen),
         processes=r.get("PROCESSES", DEFAULT_PROCESSES, parse_integer(1, MAX_PROCESSES)),
         routing_hops=r.get("ROUTING_HOPS", DEFAULT_ROUTING_HOPS, parse_integer(1, MAX_ROUTING_HOPS)),

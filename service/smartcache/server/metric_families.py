@@ -208,6 +208,17 @@ class FailureMetrics:
             registry=r,
         )
         self.auth_keys = Gauge(f"{p}_auth_keys", "Client keys allowed now (CURVE).", registry=r)
+        self.session_not_found = Counter(
+            f"{p}_session_not_found_total",
+            "Answers saying a session is not live (NOT_FOUND of a request naming one): guesses show here first.",
+            registry=r,
+        )
+        self.session_not_found_throttled = Counter(
+            f"{p}_session_not_found_throttled_total",
+            "Requests naming a session refused QUEUE_FULL, not executed: their peer had"
+            " SMARTCACHE_NOT_FOUND_PER_PEER_PER_S such answers in its second (guessing, PROTOCOL.md 4).",
+            registry=r,
+        )
         self.bad_input_throttled = Counter(
             f"{p}_bad_input_throttled_total",
             "Malformed messages dropped unanswered: over the per-connection or global rate of answers.",

@@ -124,6 +124,7 @@ class Broker(SocketThread):
             enqueue_internal=self.intake.enqueue_internal,
             bad_input_allowed=self.intake.allow_bad_input,
             metrics=metrics,
+            session_missed=self.intake.misses.missed,
         )
         for link in links:
             link.to_broker = self._from_direct

@@ -47,9 +47,12 @@ class Dispatcher:
         enqueue_internal: Callable[[bytes, bytes, float], None],
         bad_input_allowed: Callable[[list[bytes], float], bool],
         metrics: Metrics,
+        session_missed: Callable[[bytes, float], None] = lambda _peer, _now: None,
     ) -> None:
         """enqueue_internal: where a worker's internal messages go (the intake's door); bad_input_allowed:
-        the intake's bad-input rate, which a worker's BAD_BODY answers keep too."""
+        the intake's bad-input rate, which a worker's BAD_BODY answers keep too; session_missed: counts a
+        reply saying a session is not live for its peer (the intake's NOT_FOUND throttle)."""
+        self._session_missed = session_missed
         self.queue = queue
         self.free: deque[bytes] = deque()  # one worker identity per free slot
         self.inflight: dict[bytes, Holder] = {}  # ticket -> holder
@@ -96,6 +99,10 @@ class Dispatcher:
             queue.done(h)
             if kind == inproc.REPLY:
                 replies.reply(h, items[i + 2], items[i + 3], now)
+            elif kind == inproc.MISS:
+                replies.reply(h, items[i + 2], items[i + 3], now)
+                if h.peer:
+                    self._session_missed(h.peer, now)
             elif kind == inproc.FAIL:
                 error = items[i + 2].decode()
                 if error in _BAD_INPUT and h.envelope and not self._bad_input_allowed(h.envelope, now):

@@ -12,6 +12,7 @@ Worker to broker: one batch frame, in groups of 4::
 
     [READY, slots:u32, "", ""]           credit: this many slots are free
     [REPLY, ticket, header, body]        reply to send to the client; frees the slot
+    [MISS, ticket, header, body]         a REPLY saying a session is not live (the NOT_FOUND throttle, misses.py)
     [DONE, ticket, "", ""]               done, nothing to send (NO_REPLY); frees the slot
     [FAIL, ticket, error, message]       answer with this transport error; frees the slot
     [ENQUEUE, header, body, ""]          queue a new internal message (prewarm fetches)
@@ -34,7 +35,7 @@ from collections.abc import Callable
 import msgpack
 
 ENDPOINT = "inproc://workers"
-READY, REPLY, DONE, FAIL, ENQUEUE = b"READY", b"R", b"D", b"F", b"Q"
+READY, REPLY, MISS, DONE, FAIL, ENQUEUE = b"READY", b"R", b"M", b"D", b"F", b"Q"
 #: ticket frame: holder sequence number, milliseconds of lifetime left
 TICKET = struct.Struct("!QI")
 CREDIT = struct.Struct("!I")

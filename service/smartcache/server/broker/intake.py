@@ -14,7 +14,10 @@ Bad input costs the broker a reply each; a client that sends garbage at full
 speed must not be served first. So bad input is answered at most
 ``bad_input_per_peer_per_s`` times a second per connection and
 ``bad_input_per_s`` in all; beyond that it is dropped unanswered and counted
-(``smartcache_bad_input_throttled_total``), as PROTOCOL.md says.
+(``smartcache_bad_input_throttled_total``), as PROTOCOL.md says. A peer that had
+``not_found_per_peer_per_s`` answers saying a session is not live in its second
+has its requests that name a session refused ``QUEUE_FULL`` until the second ends
+(guessing a session id: :mod:`.misses`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import itertools
 import time
 
+from smartcache.server.broker.misses import SessionMisses
 from smartcache.server.broker.queue import Holder, PriorityQueue, QueueFull
 from smartcache.server.broker.replies import Replies
 from smartcache.server.config import Settings
@@ -46,6 +50,8 @@ _PING = REGISTRY.types["PING"].id
 _INTERNAL = frozenset(t.id for t in REGISTRY.types.values() if t.internal)
 _NEVER_ANSWERED = frozenset(t.id for t in REGISTRY.types.values() if not t.answered)
 _MAX_LIFETIME_S = REGISTRY.max_lifetime_ms / 1000
+#: names a session with a zero header id: SESSION_DELETE by handle
+_BY_HANDLE = REGISTRY.types["SESSION_DELETE"].id
 #: connections whose bad-input budget is tracked at once (the oldest are forgotten beyond)
 PEERS_TRACKED = 10_000
 
@@ -97,6 +103,8 @@ class Intake:
         self._replies = replies
         self._seq = itertools.count(1)
         self._hops = settings.routing_hops
+        #: NOT_FOUND answers about sessions per peer (the dispatcher counts them, the intake refuses beyond)
+        self.misses = SessionMisses(per_peer_per_s=settings.not_found_per_peer_per_s, metrics=metrics)
 
     def accept(self, frames: list[bytes], now: float, user_id: str | None = None) -> None:
         """One message as the client ROUTER received it: ``[identity, (empty delimiter), header, body]``;
@@ -145,7 +153,12 @@ class Intake:
         if header.type == _PING:
             self._ping(envelope, header, header_frame, body, now=now, no_reply=no_reply)
             return
-        self._enqueue(envelope, header, header_frame, body, no_reply=no_reply, now=now)
+        peer = user_id.encode() if user_id else envelope[self._hops - 1]
+        if (header.session_id != NO_SESSION or header.type == _BY_HANDLE) and self.misses.throttled(peer, now):
+            message = "too many NOT_FOUND answers about sessions from this connection in the last second"
+            self._replies.error(envelope, header, "QUEUE_FULL", message, no_reply)
+            return
+        self._enqueue(envelope, header, header_frame, body, no_reply=no_reply, now=now, peer=peer)
 
     def enqueue_internal(self, header_frame: bytes, body: bytes, now: float) -> None:
         """Queue a message a worker made (no client, no reply); refused, uncounted but as a rejection, at stop."""
@@ -175,7 +188,15 @@ class Intake:
         replies.observe(header.type, time.monotonic() - now)
 
     def _enqueue(
-        self, envelope: list[bytes], header: Header, header_frame: bytes, body: bytes, *, no_reply: bool, now: float
+        self,
+        envelope: list[bytes],
+        header: Header,
+        header_frame: bytes,
+        body: bytes,
+        *,
+        no_reply: bool,
+        now: float,
+        peer: bytes = b"",
     ) -> None:
         spec = REGISTRY.types_by_id[header.type]
         lifetime_s = min(header.lifetime_ms / 1000 if header.lifetime_ms else spec.lifetime_ms / 1000, _MAX_LIFETIME_S)
@@ -189,6 +210,7 @@ class Intake:
             header=header_frame,
             body=body,
             no_reply=no_reply,
+            peer=peer,
         )
         try:
             victim = self._queue.push(h)

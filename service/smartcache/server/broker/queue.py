@@ -42,6 +42,8 @@ class Holder:
     state: int = field(default=QUEUED)
     #: identity of the worker running it (set at dispatch)
     worker: bytes = b""
+    #: who sent it, for the NOT_FOUND throttle (its CURVE key, else its connection); b"": an internal message
+    peer: bytes = b""
 
 
 class QueueFull(Exception):

@@ -37,6 +37,10 @@ _DATA_ERROR = REGISTRY.data_error_statuses
 #: types about sessions that may name none in the header (a create, a list, log out everywhere): refused too
 #: while the service's session key is not the cluster's
 _SESSION_TYPES = frozenset(name for name in REGISTRY.types if name.startswith("SESSION_"))
+#: types whose NOT_FOUND says the session they name is not live (SESSION_DELETE: by header id or by handle)
+_MISS_TYPES = frozenset({"SESSION_GET", "SESSION_TOUCH", "SESSION_UPDATE", "SESSION_DELETE", "SESSION_ROTATE"})
+#: a cache type's NOT_FOUND says so only with this message (a live session's missing key has none)
+_NOT_LIVE = "session is not live"
 
 
 class Answer(NamedTuple):
@@ -51,6 +55,8 @@ class Answer(NamedTuple):
     #: transport error name and message, when the message failed in delivery
     error: str | None = None
     message: str = ""
+    #: the reply says a session the request named is not live (the NOT_FOUND throttle counts it)
+    miss: bool = False
 
 
 def failure(error: str, message: str) -> Answer:
@@ -82,7 +88,12 @@ async def execute(job: Job, context: Context, handlers: Mapping[str, Handler], m
         return failure("EXPIRED", f"lifetime ended before storage could execute it: {e}")
     except OutcomeUnknown as e:
         return failure("OUTCOME_UNKNOWN", str(e))
-    return reply(job.header, spec, result, req.reply_session)
+    answer = reply(job.header, spec, result, req.reply_session)
+    if answer.outcome == "NOT_FOUND" and (
+        spec.name in _MISS_TYPES or (req.session and result.get("message") == _NOT_LIVE)
+    ):
+        return answer._replace(miss=True)
+    return answer
 
 
 def reply(header_frame: bytes, spec: MessageSpec, result: dict[str, Any], session: bytes | None = None) -> Answer:

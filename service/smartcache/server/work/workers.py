@@ -244,7 +244,7 @@ class Worker:
                 item = [inproc.DONE, job.ticket, b"", b""]
             else:
                 self._count(job, answer.outcome)
-                item = [inproc.REPLY, job.ticket, *answer.frames]
+                item = [inproc.MISS if answer.miss else inproc.REPLY, job.ticket, *answer.frames]
         except Exception:  # building the answer failed: still answer, and say so in the log
             log.exception("answer_failed")
             item = [inproc.FAIL, job.ticket, *_FALLBACK]
