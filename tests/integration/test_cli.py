@@ -17,6 +17,7 @@ import pytest
 from smartcache import __version__
 from smartcache.cli.main import _parser
 from smartcache.devstack.stack import Tarantool, free_port
+from smartcache.wire import sessionkeys
 from tests.conftest import Running, service_process
 
 BIN = Path(sys.executable).parent
@@ -79,17 +80,39 @@ def test_cli_ping_prints_ok_and_exits_0(svc: Running) -> None:
     assert (code, out["status"]) == (0, "OK")
 
 
-def test_session_ids_are_uuid_text_in_create_get_and_list(svc: Running) -> None:
+def test_a_session_id_is_printed_by_create_only_and_session_list_shows_handles(svc: Running) -> None:
+    """The id is the client's credential: session-create prints it (UUID text) with its handle; session-list names
+    each session by its handle alone, and session-delete --handle --client ends one (sign out a device)."""
     client = f"cli-{uuid.uuid4()}"
     code, created = cli(svc, "session-create", client, "--data", '{"step": 1}', "--ttl", "60")
     assert (code, created["status"]) == (0, "OK")
-    sid = created["session_id"]
+    sid, handle = created["session_id"], created["handle"]
     assert str(uuid.UUID(sid)) == sid
+    assert sessionkeys.is_handle(handle)
     code, got = cli(svc, "session-get", sid)
     assert (code, got["data"]) == (0, {"step": 1})
-    code, listed = cli(svc, "session-list", client)
+    listed = run("smartcache-cli", "--endpoint", svc.endpoint, "session-list", client)
+    assert listed.returncode == 0
+    assert [s["handle"] for s in json.loads(listed.stdout)["sessions"]] == [handle]
+    assert sid not in listed.stdout, "no session id in a listing"
+    assert sid.replace("-", "") not in listed.stdout
+    code, deleted = cli(svc, "session-delete", "--handle", handle, "--client", client)
+    assert (code, deleted["status"]) == (0, "OK")
+    assert cli(svc, "session-get", sid)[1]["status"] == "NOT_FOUND"
+
+
+def test_a_binding_and_an_absolute_lifetime_are_given_on_the_command_line(svc: Running) -> None:
+    client = f"cli-{uuid.uuid4()}"
+    code, created = cli(svc, "session-create", client, "--binding", "dev-7", "--max-lifetime", "600")
     assert code == 0
-    assert [s["session_id"] for s in listed["sessions"]] == [sid]
+    assert 590_000 < created["absolute_expires_in_ms"] <= 600_000
+    sid = created["session_id"]
+    assert cli(svc, "session-get", sid)[1]["status"] == "BINDING_MISMATCH"
+    assert cli(svc, "session-get", sid, "--binding", "dev-7")[1]["status"] == "OK"
+    code, rotated = cli(svc, "session-rotate", sid, "--binding", "dev-7", "--grace-ms", "0")
+    assert code == 0
+    assert cli(svc, "session-get", sid, "--binding", "dev-7")[1]["status"] == "NOT_FOUND"  # no grace
+    assert cli(svc, "session-get", rotated["session_id"], "--binding", "dev-7")[1]["status"] == "OK"
 
 
 def test_another_status_exits_1(svc: Running) -> None:

@@ -14,6 +14,8 @@ import math
 import uuid
 from collections.abc import Callable
 
+from smartcache.wire import sessionkeys
+
 
 def session_id(text: str) -> uuid.UUID:
     """A session id: UUID text, as session-create prints it."""
@@ -75,3 +77,17 @@ def parse_set(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--set is not valid JSON ({e})")
     if not isinstance(a.set, dict):
         p.error("--set must be a JSON object: '{\"attribute\": value}'")
+
+
+def parse_delete(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """session-delete: the session id (log out), or --handle with --client (sign out a device); a handle that is
+    not one is refused saying why (a session id given as --handle included)."""
+    if a.command != "session-delete":
+        return
+    if (a.session is None) == (a.handle is None) or (a.handle is None) != (a.client is None):
+        p.error("session-delete takes UUID (the session's id), or --handle with --client (a session of that client)")
+    if a.handle is not None:
+        try:
+            sessionkeys.stored_of(a.handle)
+        except sessionkeys.NotAHandle as e:
+            p.error(f"--handle: {e}")

@@ -15,7 +15,10 @@ Output: one document on stdout: "status" and the reply's fields, laid out for
 reading on a terminal (info in sections like redis-cli INFO, cluster status as
 tables), one JSON object with --json or when stdout is not a terminal (a pipe,
 a file); events tail prints JSON lines on a terminal too (--format columns lays
-them out). Session ids are UUID text everywhere (session-list included); other
+them out). A session id is a credential: it is printed only where it is the
+answer (session-create, session-rotate: UUID text) and taken only by the commands
+a front server sends for its client (session-get ...); everything else names a
+session by its handle (session-list, events, session-delete --handle). Other
 byte strings are {"hex": "..."}. A transport error or a timeout prints
 {"error": NAME, "message": ..., "endpoint": ...}; bad arguments print
 {"error": "BAD_ARGUMENT", "message": ...} (and the usage on stderr), with the
@@ -39,7 +42,7 @@ from smartcache.cli import audit as cli_audit
 from smartcache.cli import coordination as cli_coordination
 from smartcache.cli import events as cli_events
 from smartcache.cli import exits, output, suggest
-from smartcache.cli.arguments import identifier, parse_data, parse_set, seconds, session_id
+from smartcache.cli.arguments import identifier, parse_data, parse_delete, parse_set, seconds, session_id
 from smartcache.client import DEFAULT_TIMEOUT_S, Client, CurveKeys, Reply
 from smartcache.wire import REGISTRY
 from smartcache.wire.errors import RequestError, RequestTimeout
@@ -167,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
         sp: argparse.ArgumentParser, help: str = "the session id (UUID text, as session-create prints)"
     ) -> None:
         sp.add_argument("session", type=session_id, metavar="UUID", help=help)
+        binding(sp)
 
     def data(sp: argparse.ArgumentParser, *flag: str) -> None:
         sp.add_argument(*(flag or ("data",)), metavar="DATA", help=DATA_HELP)
@@ -184,10 +188,12 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--ttl", type=int, metavar="SECONDS", help="lifetime in seconds (default: Tarantool's, 1800)")
     cp.add_argument("--data-type", type=int, metavar="N", help=f"data type stored with the entry ({DATA_TYPES})")
     cp.add_argument("--session", type=session_id, metavar="UUID", help=session_help)
+    binding(cp)
     for name, summary in (("cache-get", "read a cache entry"), ("cache-delete", "delete a cache entry")):
         sp = command(name, summary)
         sp.add_argument("key", help="the cache key")
         sp.add_argument("--session", type=session_id, metavar="UUID", help=session_help)
+        binding(sp)
 
     b = command("device-bind", "bind a device to a client, so its app starts prewarm")
     b.add_argument("device_id", type=_device_id, help="the device id")
@@ -203,6 +209,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("data_type", type=int, help=f"product data type: {PRODUCT_TYPES}")
     cli_coordination.add_parsers(command, data)
     return _with_modules(p, sub)
+
+
+BINDING_HELP = "the session's binding, if it was created with one (else BINDING_MISMATCH)"
+
+
+def binding(sp: argparse.ArgumentParser) -> None:
+    """--binding on a command that acts on a session."""
+    sp.add_argument("--binding", metavar="TEXT", help=BINDING_HELP)
 
 
 def _with_modules(p: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser:
@@ -247,10 +261,23 @@ def _session_commands(
         help="beyond --max-sessions: refuse (LIMIT_REACHED) or end the least recently used (default: the service's)",
     )
     c.add_argument("--device", metavar="NAME", help="the device the session is on, as session-list shows it")
+    c.add_argument(
+        "--max-lifetime", type=int, metavar="SECONDS",
+        help="its absolute lifetime, which no refresh passes (60..31536000; default the cluster's, 12 h)",
+    )  # fmt: skip
+    c.add_argument(
+        "--binding", metavar="TEXT",
+        help="bind the session to this value (a device id, an app's fingerprint): every later command on it must "
+        "give the same --binding",
+    )  # fmt: skip
 
     session(command("session-get", "read a session (and refresh its expiry)"))
     session(command("session-touch", "refresh a session's expiry without reading it"))
-    session(command("session-delete", "delete a session and its cache entries"))
+    d = command("session-delete", "delete a session and its cache entries: by its id, or by handle (sign out a device)")
+    d.add_argument("session", type=session_id, nargs="?", metavar="UUID", help="the session id (log out)")
+    d.add_argument("--handle", metavar="HANDLE", help="instead of UUID: the session's handle, as session-list shows it")
+    d.add_argument("--client", type=_client_id, metavar="CLIENT_ID", help="with --handle: the client it belongs to")
+    binding(d)
     u = command("session-update", "replace a session's data, or set/unset attributes of map data")
     session(u)
     u.add_argument("data", nargs="?", metavar="DATA", help=DATA_HELP + " (or give --set / --unset)")
@@ -260,7 +287,12 @@ def _session_commands(
     u.add_argument(
         "--expected-rev", type=int, metavar="REV", help="update only if the session's revision is REV (else CONFLICT)"
     )
-    session(command("session-rotate", "give a session a new id (at login); prints the new id"))
+    r = command("session-rotate", "give a session a new id (at login); prints the new id")
+    session(r)
+    r.add_argument(
+        "--grace-ms", type=int, metavar="MS",
+        help="how long the old id still answers reads (0..60000; default the cluster's, 5000; 0: none)",
+    )  # fmt: skip
     lo = command("session-delete-client", "log out everywhere: end every session of a client; prints how many")
     lo.add_argument("client_id", type=_client_id, help="the bank's client id")
     lo.add_argument("--keep", type=session_id, metavar="UUID", help="a session of the client that stays (the caller's)")
@@ -285,27 +317,33 @@ def _run(c: Client, a: argparse.Namespace) -> Reply | None:
                 max_sessions=a.max_sessions,
                 limit_policy=a.limit_policy,
                 device=a.device,
+                max_lifetime_s=a.max_lifetime,
+                binding=a.binding,
             )
         case "session-get":
-            return c.session_get(a.session)
+            return c.session_get(a.session, binding=a.binding)
         case "session-touch":
-            return c.session_touch(a.session)
+            return c.session_touch(a.session, binding=a.binding)
         case "session-delete":
-            return c.session_delete(a.session)
+            return c.session_delete(a.session, handle=a.handle, client_id=a.client, binding=a.binding)
         case "session-update":
-            return c.session_update(a.session, a.data, set=a.set, unset=a.unset, expected_rev=a.expected_rev)
+            return c.session_update(
+                a.session, a.data, set=a.set, unset=a.unset, expected_rev=a.expected_rev, binding=a.binding
+            )
         case "session-rotate":
-            return c.session_rotate(a.session)
+            return c.session_rotate(a.session, grace_ms=a.grace_ms, binding=a.binding)
         case "session-delete-client":
             return c.session_delete_client(a.client_id, keep=a.keep)
         case "session-list":
             return c.session_list(a.client_id)
         case "cache-put":
-            return c.cache_put(a.key, a.data, session_id=a.session, data_type=a.data_type, ttl_s=a.ttl)
+            return c.cache_put(
+                a.key, a.data, session_id=a.session, data_type=a.data_type, ttl_s=a.ttl, binding=a.binding
+            )
         case "cache-get":
-            return c.cache_get(a.key, session_id=a.session)
+            return c.cache_get(a.key, session_id=a.session, binding=a.binding)
         case "cache-delete":
-            return c.cache_delete(a.key, session_id=a.session)
+            return c.cache_delete(a.key, session_id=a.session, binding=a.binding)
         case "device-bind":
             return c.device_bind(a.device_id, a.client_id)
         case "device-lookup":
@@ -359,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         _AS_JSON = args.json or args.format == "json"
     parse_data(parser, args)
     parse_set(parser, args)
+    parse_delete(parser, args)
     endpoint = args.endpoint
     curve = None
     if args.curve_server_key or args.curve_key:
