@@ -44,10 +44,15 @@ M.ROLE = 'smartcache_api'
 -- Operators (smartcache-cli cluster): the cluster's actions, which the service never needs.
 M.OPERATOR_ROLE = 'smartcache_operator'
 -- Procedures only operators may call; and those both roles may call.
+-- The audit log and the raw ids of the rekey's pages are operators' only: the service never writes
+-- an audit entry, and holds no raw id but its clients' requests'.
 M.OPERATOR_ONLY = {['sc.switchover'] = true, ['sc.rejoin'] = true, ['sc.join_hold'] = true,
                    ['sc.topology_init'] = true, ['sc.topology_add'] = true, ['sc.topology_remove'] = true,
-                   ['sc.buckets_init'] = true, ['sc.digest'] = true}
-M.OPERATOR_TOO = {['sc.role'] = true, ['sc.stats'] = true, ['sc.ping'] = true}
+                   ['sc.buckets_init'] = true, ['sc.digest'] = true, ['sc.audit_write'] = true,
+                   ['sc.audit_read'] = true, ['sc.sessions_page'] = true}
+-- session_rekey and session_key_check: the service's (the lazy rekey, its start) and the CLI's sessions-rekey.
+M.OPERATOR_TOO = {['sc.role'] = true, ['sc.stats'] = true, ['sc.ping'] = true, ['sc.session_rekey'] = true,
+                  ['sc.session_key_check'] = true}
 for _, name in ipairs({'buckets_held', 'bucket_state', 'bucket_rows', 'bucket_send_start', 'bucket_send_abort',
                        'bucket_send_done', 'bucket_gc', 'bucket_recv_start', 'bucket_recv', 'bucket_recv_done',
                        'bucket_recv_abort'}) do
@@ -75,6 +80,14 @@ end
 local function create_call(_, client_id)
     return 'key', client_id
 end
+-- SESSION_DELETE by the request's session id, or by handle with its client id: the client's bucket
+-- (a session's bucket is its client's).
+local function delete_call(id, _, _, client_id)
+    if id == nil then
+        return 'key', client_id
+    end
+    return 'session', id
+end
 local function published(_, key)
     if key == nil or key == '' then
         return nil  -- an event with no key: any shard's log
@@ -83,7 +96,8 @@ local function published(_, key)
 end
 M.ROUTE = {
     session_create = create_call, session_get = first_session, session_touch = first_session,
-    session_update = first_session, session_delete = first_session, session_rotate = first_session,
+    session_update = first_session, session_delete = delete_call, session_rotate = first_session,
+    session_rekey = first_session,
     session_list = first_key, session_delete_client = first_key,
     cache_put = cache_call, cache_get = cache_call, cache_delete = cache_call,
     device_bind = first_key, device_lookup = first_key,
@@ -101,7 +115,8 @@ M.UNROUTED = {ping = true, stats = true, session_locate = true, events_stats = t
               topology_add = true, topology_remove = true, debug_sleep = true, buckets_init = true,
               buckets_held = true, bucket_state = true, bucket_rows = true, bucket_send_start = true,
               bucket_send_abort = true, bucket_send_done = true, bucket_gc = true, bucket_recv_start = true,
-              bucket_recv = true, bucket_recv_done = true, bucket_recv_abort = true, digest = true}
+              bucket_recv = true, bucket_recv_done = true, bucket_recv_abort = true, digest = true,
+              session_key_check = true, sessions_page = true, audit_write = true, audit_read = true}
 
 -- WRONG_BUCKET (nothing done) unless this shard serves the call's bucket.
 local function misrouted(name, ...)

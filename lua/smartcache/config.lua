@@ -182,6 +182,27 @@ M.session_limit_policy = util.env_string('SC_SESSION_LIMIT_POLICY', 'refuse')
 if M.session_limit_policy ~= 'refuse' and M.session_limit_policy ~= 'evict_oldest' then
     error(string.format('SC_SESSION_LIMIT_POLICY must be refuse or evict_oldest, got %s', M.session_limit_policy))
 end
+-- SC_SESSION_MAX_LIFETIME_S (60..31536000): a session's absolute lifetime when SESSION_CREATE names no
+-- max_lifetime_s (ms here); no refresh moves its deadline past created_at + this (issue 37).
+M.MIN_LIFETIME_S, M.MAX_LIFETIME_S = 60, 31536000
+M.session_max_lifetime_ms = util.env_number('SC_SESSION_MAX_LIFETIME_S', 43200) * 1000
+if M.session_max_lifetime_ms < M.MIN_LIFETIME_S * 1000 or M.session_max_lifetime_ms > M.MAX_LIFETIME_S * 1000 then
+    error(string.format('SC_SESSION_MAX_LIFETIME_S must be in %d..%d, got %s', M.MIN_LIFETIME_S, M.MAX_LIFETIME_S,
+        M.session_max_lifetime_ms / 1000))
+end
+-- SC_ROTATE_GRACE_MS (0..60000): how long the old id of a rotated session keeps answering reads when
+-- SESSION_ROTATE names no grace_ms (0: gone at the rotation's commit, as before revision 11).
+M.MAX_GRACE_MS = 60000
+M.rotate_grace_ms = util.env_number('SC_ROTATE_GRACE_MS', 5000)
+if M.rotate_grace_ms < 0 or M.rotate_grace_ms > M.MAX_GRACE_MS
+        or M.rotate_grace_ms ~= math.floor(M.rotate_grace_ms) then
+    error(string.format('SC_ROTATE_GRACE_MS must be an integer in 0..%d, got %s', M.MAX_GRACE_MS, M.rotate_grace_ms))
+end
+-- SC_AUDIT_RETENTION_DAYS: the operators' audit entries go once this many days old (never the newest).
+M.audit_retention_days = util.env_number('SC_AUDIT_RETENTION_DAYS', 400)
+if M.audit_retention_days < 1 then
+    error(string.format('SC_AUDIT_RETENTION_DAYS must be at least 1, got %s', M.audit_retention_days))
+end
 -- SC_DELETE_BATCH: sessions ended per transaction by SESSION_DELETE_CLIENT (log out everywhere).
 M.delete_batch = util.env_number('SC_DELETE_BATCH', 100)
 -- SC_MAX_TTL_S: the largest TTL accepted (ms here).

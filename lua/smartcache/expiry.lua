@@ -3,8 +3,8 @@
 -- Each fiber deletes due tuples in batches of sweep_batch (yielding between
 -- batches), then sleeps until the next deadline, read after its batch
 -- committed (at most sweep_max_sleep_s). A write that gives a tuple a deadline
--- before the fiber's wake-up says so (deadline_set: sessions.create, through
--- its on_deadline hook) and wakes it: a session's session.expired event comes
+-- before the fiber's wake-up says so (deadline_set: sessions.create and a
+-- rotation's grace window, through their on_deadline hooks) and wakes it: a session's session.expired event comes
 -- at its deadline plus the batches due before it, whatever sweep_max_sleep_s
 -- is. (It did not before: with SC_SWEEP_MAX_SLEEP_S = 15 a 1 s session was
 -- swept up to 15 s after it was created, measured 12.9 s.) Only a new tuple can
@@ -22,7 +22,7 @@ local sharding = require('smartcache.sharding')
 local M = {}
 
 M.expired = {sessions = 0, cache = 0, prewarm = 0, idempotency = 0, counters = 0, registers = 0, latches = 0,
-             semaphore_holders = 0}
+             semaphore_holders = 0, rotations = 0}
 M.errors = 0
 -- Due rows of buckets that are moving (not active here) passed over per sweep at most, and how long
 -- a sweep that found only those waits before it looks again.
@@ -57,6 +57,8 @@ local spaces = {
         sessions.drop(t[F.sessions.id])  -- cascades to the session's cache
     end},
     cache = {deadline = F.cache.expires_at, delete = by_key('cache', F.cache.session_id, F.cache.key)},
+    -- The end of a rotated session's grace window: its old id is NOT_FOUND from then on.
+    rotations = {deadline = F.rotations.expires_at, delete = by_key('rotations', F.rotations.old_id)},
     prewarm = {deadline = F.prewarm.expires_at, delete = by_key('prewarm', F.prewarm.client_id, F.prewarm.data_type)},
     idempotency = {deadline = F.idempotency.expires_at, delete = by_key('idempotency', F.idempotency.key)},
     -- Coordination (smartcache.coordination): TTLs, and semaphore leases that
@@ -87,6 +89,9 @@ end
 
 sessions.set_on_deadline(function(at)
     M.deadline_set('sessions', at)
+end)
+sessions.set_on_rotation_deadline(function(at)
+    M.deadline_set('rotations', at)
 end)
 
 -- Delete up to one batch of due tuples; returns (deleted, seconds until the next deadline).

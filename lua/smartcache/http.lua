@@ -2,9 +2,12 @@
 --
 --   GET /health                 role, failover state, replication, memtx, WAL (503 when unhealthy)
 --   GET /metrics                Prometheus text format
---   GET /sessions/<id>          one live session (421 when its bucket is not active here)
---   GET /clients/<id>/sessions  a client's live sessions; in a sharded cluster those of a
---                               bucket not active here apart, as "copies" with the bucket's state
+--   GET /sessions/<handle>      one live session, named by its handle (never its id: a session id
+--                               is a credential, issue 37); 400 for what is not a handle; 421 when
+--                               its bucket is not active here
+--   GET /clients/<id>/sessions  a client's live sessions, each named by its handle; in a sharded
+--                               cluster those of a bucket not active here apart, as "copies" with
+--                               the bucket's state
 local socket = require('socket')
 local json = require('json')
 local log = require('log')
@@ -55,9 +58,12 @@ local function to_json(value)
     return json.encode({error = 'unencodable'})
 end
 
+-- A session as the operator sees it: named by its handle, its binding only as whether it has one.
 local function session_view(t, now)
-    return {session_id = t[F.id], client_id = t[F.client_id], version = t[F.version], rev = t[F.rev],
-            updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now, data = t[F.data]}
+    return sessions.expiry_fields(t, now, {
+        handle = sessions.name(t), client_id = t[F.client_id], version = t[F.version], rev = t[F.rev],
+        created_at_ms = sessions.created_at(t), updated_at_ms = t[F.updated_at],
+        device = t[F.device], bound = t[F.binding] ~= nil, data = t[F.data]})
 end
 
 -- nil when this shard serves the session row's bucket (the cluster is not sharded, or the bucket
@@ -71,7 +77,10 @@ local function not_served(t)
     if count == nil then
         return nil
     end
-    local b = t[F.bucket] or sharding.of_row('sessions', t, count)
+    local b = t[F.bucket]
+    if b == nil then  -- (nil or box.NULL: a row written before sharding)
+        b = sharding.of_row('sessions', t, count)
+    end
     local row = box.space.sc_buckets:get(b)
     if row ~= nil and row[FB.status] == sharding.BUCKET.ACTIVE then
         return nil
@@ -218,10 +227,14 @@ local function route(path)
         return metrics()
     end
     local now = util.now_ms()
-    local id = path:match('^/sessions/([%w%-]+)$')
-    if id ~= nil then
+    local handle = path:match('^/sessions/([^/]+)$')
+    if handle ~= nil then
+        local id, why = sessions.parse_handle(handle)
+        if id == nil then
+            return 400, 'application/json', json.encode({error = 'BAD_REQUEST', message = why})
+        end
         local t = sessions.live(id, now)
-        if t == nil then
+        if t == nil or not sessions.is_stored(t) then  -- a raw-keyed row of before has no handle
             return 404, 'application/json', json.encode({error = 'NOT_FOUND'})
         end
         local where = not_served(t)
@@ -235,7 +248,7 @@ local function route(path)
     if client ~= nil then
         local list, copies = {}, {}
         for _, t in box.space.sessions.index.by_client:pairs({client}, {iterator = 'EQ'}) do
-            if t[F.expires_at] > now then
+            if sessions.alive(t, now) then
                 local where = not_served(t)
                 if where == nil then
                     table.insert(list, session_view(t, now))

@@ -51,7 +51,7 @@ M.KEY = 1
 -- With every write of the leader synchronous, no asynchronous transaction
 -- enters the limbo. DDL of our own fibers joins the rule through M.join().
 M.GUARDED = {'sessions', 'device', 'idempotency', 'counters', 'registers', 'sequences', 'semaphore_holders',
-             'latches', 'queue_tasks', 'sc_buckets'}
+             'latches', 'queue_tasks', 'sc_buckets', 'rotations', 'audit'}
 if compat.ASYNC_BEHIND_SYNC_ROLLS_BACK then
     table.insert(M.GUARDED, 'cache')
     table.insert(M.GUARDED, 'prewarm')

@@ -11,6 +11,7 @@ local coordination = require('smartcache.coordination')
 local events = require('smartcache.events')
 local memory = require('smartcache.memory')
 local disk = require('smartcache.disk')
+local audit = require('smartcache.audit')
 local failover = require('smartcache.failover')
 
 local M = {}
@@ -68,6 +69,7 @@ function M.start()
         end)
     end
     coordination.start()  -- the queue timeout fiber
+    audit.start()  -- the audit log's retention (SC_AUDIT_RETENTION_DAYS)
     events.start()  -- event partitions (today's at once when writable), their fiber
     if M.wal_fiber == nil then
         M.wal_fiber = fiber.create(watch_wal)

@@ -9,7 +9,7 @@ local quorum = require('smartcache.quorum')
 local M = {}
 
 -- Bump when a migration is added; stored in space sc_meta under 'schema_version'.
-M.VERSION = 8
+M.VERSION = 9
 
 M.FORMAT = {
     sc_meta = {
@@ -43,6 +43,33 @@ M.FORMAT = {
         {name = 'created_at', type = 'unsigned', is_nullable = true},
         {name = 'device', type = 'string', is_nullable = true},
         {name = 'bucket', type = 'unsigned', is_nullable = true},  -- version 7 (smartcache.sharding.buckets)
+        -- Version 9 (issue 37): the absolute deadline (ms since epoch; no refresh passes it: expires_at <=
+        -- absolute_at), the SHA-256 (hex) of the binding the session was created with (never the value),
+        -- and whether the id is a stored id (derived by the service from the client's raw id; absent: a raw
+        -- id of a row written before, which has no handle until it is rekeyed). Absent in older tuples: a
+        -- session of before gets created_at + SC_SESSION_MAX_LIFETIME_S at its next write.
+        {name = 'absolute_at', type = 'unsigned', is_nullable = true},
+        {name = 'binding', type = 'string', is_nullable = true},
+        {name = 'stored', type = 'boolean', is_nullable = true},
+    },
+    -- Version 9: the old ids of rotated sessions during their grace window (smartcache.sessions.rotations):
+    -- a read by old_id answers new_id's session until expires_at, then the row is swept.
+    rotations = {
+        {name = 'old_id', type = 'string'},
+        {name = 'new_id', type = 'string'},
+        {name = 'expires_at', type = 'unsigned'},  -- the end of the grace window, ms since epoch
+        {name = 'bucket', type = 'unsigned', is_nullable = true},  -- (smartcache.sharding.buckets)
+    },
+    -- Version 9: the operators' audit log (smartcache.audit), append-only; entries go after
+    -- SC_AUDIT_RETENTION_DAYS (never the newest).
+    audit = {
+        {name = 'seq', type = 'unsigned'},         -- 1, 2, ... gap-free on this replica set
+        {name = 'time_ms', type = 'unsigned'},     -- ms since epoch, this instance's clock
+        {name = 'who', type = 'string'},           -- a token id, a CURVE key (z85), user@host
+        {name = 'action', type = 'string'},        -- e.g. console.reveal, cluster.switchover
+        {name = 'target', type = 'string'},        -- what it acted on ('' none)
+        {name = 'reason', type = 'string'},        -- what the operator typed ('' none)
+        {name = 'details', type = 'any', is_nullable = true},  -- a map, or nil
     },
     cache = {
         {name = 'session_id', type = 'string'},    -- '' = global namespace
@@ -143,7 +170,7 @@ M.FORMAT = {
 -- own: sc_meta, sc_buckets, idempotency (its keys live in the shard of their
 -- write), the event log (one per shard) and sc_quorum.
 M.SHARDED = {'sessions', 'cache', 'device', 'prewarm', 'counters', 'registers', 'sequences',
-             'semaphore_holders', 'latches', 'queue_tasks'}
+             'semaphore_holders', 'latches', 'queue_tasks', 'rotations'}
 
 -- Tuple positions by field name, from the formats above.
 M.F = {}
@@ -235,15 +262,34 @@ end
 -- a cluster that is not sharded have none), with an index (smartcache.sharding.buckets).
 migrations[7] = function()
     for _, name in ipairs(M.SHARDED) do
-        box.space[name]:format(M.FORMAT[name])
-        box.space[name]:create_index('by_bucket', {parts = {{'bucket', 'unsigned', is_nullable = true}},
-                                                   unique = false, if_not_exists = true})
+        -- (a space of a later version, rotations of 9, is created with its by_bucket index)
+        if box.space[name] ~= nil then
+            box.space[name]:format(M.FORMAT[name])
+            box.space[name]:create_index('by_bucket', {parts = {{'bucket', 'unsigned', is_nullable = true}},
+                                                       unique = false, if_not_exists = true})
+        end
     end
 end
 
 -- Version 8: a bucket's row records since when it is in its status (smartcache.sharding.moves).
 migrations[8] = function()
     box.space.sc_buckets:format(M.FORMAT.sc_buckets)
+end
+
+-- Version 9 (issue 37, sessions as credentials): sessions gain an absolute deadline, a binding's
+-- hash and the stored-id mark (nullable: nothing is rewritten, a session of before gets its absolute
+-- deadline at its next write); the rotations of the grace window; the operators' audit log.
+migrations[9] = function()
+    box.space.sessions:format(M.FORMAT.sessions)
+    local rotations = space('rotations')
+    rotations:create_index('primary', {parts = {'old_id'}, if_not_exists = true})
+    rotations:create_index('by_new', {parts = {'new_id', 'old_id'}, if_not_exists = true})
+    rotations:create_index('by_deadline', {parts = {'expires_at', 'old_id'}, if_not_exists = true})
+    rotations:create_index('by_bucket', {parts = {{'bucket', 'unsigned', is_nullable = true}}, unique = false,
+                                         if_not_exists = true})
+    local audit = space('audit')
+    audit:create_index('primary', {parts = {'seq'}, if_not_exists = true})
+    audit:create_index('by_time', {parts = {'time_ms', 'seq'}, if_not_exists = true})
 end
 
 function M.current_version()

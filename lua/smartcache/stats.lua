@@ -12,7 +12,7 @@ local sessions = require('smartcache.sessions')
 local M = {}
 
 M.SPACES = {'sessions', 'cache', 'device', 'prewarm', 'counters', 'registers', 'sequences', 'semaphore_holders',
-            'latches', 'queue_tasks'}
+            'latches', 'queue_tasks', 'rotations', 'audit'}
 
 function M.stats()
     local spaces = {}

@@ -61,8 +61,9 @@ test:test('each change of state writes its event, numbered without gaps', functi
     sc.prewarm_acquire(nil, 'client-ev1', 1, 'owner-1', 10000, 0)
     sc.prewarm_complete(nil, 'client-ev1', 1, 'owner-1', {accounts = {}})
     local got = read_all(h)
+    local handle = helper.handle(sid)  -- a session's events are keyed by its handle, never its id
     t:is_deeply(summary(got), {
-        'session.created ' .. sid, 'session.updated ' .. sid, 'session.deleted ' .. sid,
+        'session.created ' .. handle, 'session.updated ' .. handle, 'session.deleted ' .. handle,
         'device.bound dev-ev1', 'device.bound dev-ev1', 'products.stored client-ev1',
     }, 'created, updated, deleted (touch and get write none), bound twice, products stored')
     local gap_free = true
@@ -78,7 +79,7 @@ test:test('each change of state writes its event, numbered without gaps', functi
 end)
 
 test:test('expired sessions get session.expired from the sweeper, in its batch transaction', function(t)
-    t:plan(2)
+    t:plan(3)
     local h = head()
     local a, b = helper.session('client-exp'), helper.session('client-exp')
     for _, id in ipairs({a, b}) do
@@ -90,9 +91,10 @@ test:test('expired sessions get session.expired from the sweeper, in its batch t
     table.sort(got, function(x, y) return x.seq < y.seq end)
     local ended = {got[3].key, got[4].key}
     table.sort(ended)
-    local want = {a, b}
+    local want = {helper.handle(a), helper.handle(b)}
     table.sort(want)
     t:is_deeply({got[3].topic, got[4].topic, ended}, {'session.expired', 'session.expired', want}, 'both expired')
+    t:is_deeply(got[3].payload, {client_id = 'client-exp', reason = 'idle'}, 'the idle deadline passed')
 end)
 
 test:test('a change that fails writes no event: events already written roll back with it', function(t)

@@ -34,9 +34,18 @@ function M.age(space, deadline_field, ms, extra_fields)
     end
 end
 
--- A new live session of its own for one subtest (subtests share no data); returns its id.
+-- A new live session of its own for one subtest (subtests share no data), under a fresh id as the
+-- service gives them (a stored id: a random UUID to storage); returns its id.
 function M.session(client_id, data)
-    return _G.sc.session_create(nil, nil, client_id or 'client-t', nil, 60, data).session_id
+    local id = require('smartcache.util').uuid()
+    local r = _G.sc.session_create(nil, id, client_id or 'client-t', nil, 60, data)
+    assert(r.status == 'OK', 'helper.session: ' .. tostring(r.status) .. ' ' .. tostring(r.message))
+    return id
+end
+
+-- A session's handle ("h" + base32 of its stored id): what events, lists and the operator HTTP name it by.
+function M.handle(id)
+    return require('smartcache.sessions').handle(id)
 end
 
 function M.finish(test)

@@ -90,13 +90,30 @@ test:test('a write that finds nothing to change writes nothing to the WAL (no as
     -- an asynchronous row, which behind synchronous ones in the limbo is 2.6.0's
     -- ASYNC_BEHIND_SYNC_ROLLS_BACK (the fault suite's fuzz mix deleted cache keys that were not there).
     local sid = require('uuid').str()
+    local handle = require('smartcache.sessions').handle(sid)
+    local live = helper.session('client-nowal')
+    local bound = require('smartcache.util').uuid()
+    local digest = require('digest')
+    _G.sc.session_create(nil, bound, 'client-nowal', nil, 60, nil, nil, nil, nil, nil, digest.sha256_hex('a'))
+    local other = digest.sha256_hex('b')
+    _G.sc.session_key_check(nil, 'edbffad44be25c45')
     local calls = {
         {'cache_delete', sid, 'no-such-key'},
         {'cache_delete', '', 'no-such-key'},
+        {'cache_delete', live, 'no-such-key'},
+        {'cache_put', sid, 'k', 0, 60, 1},
         {'session_delete', sid},
+        {'session_delete', nil, nil, handle, 'client-nowal'},
+        {'session_delete', nil, nil, require('smartcache.sessions').handle(live), 'client-another'},
         {'session_touch', sid},
         {'session_update', sid, {x = 1}},
         {'session_rotate', sid},
+        {'session_rotate', sid, require('smartcache.util').uuid(), 5000},
+        {'session_rekey', sid, require('smartcache.util').uuid()},
+        {'session_rekey', live, require('smartcache.util').uuid()},  -- stored-keyed: never renamed
+        {'session_key_check', 'edbffad44be25c45'},
+        {'session_key_check', '282a57a80ded0fdb'},  -- another key's id: MISMATCH
+        {'session_create', bound, 'client-nowal'},  -- ALREADY_EXISTS
         {'semaphore_renew', 'no-such-sem', 'holder', 1000},
         {'semaphore_release', 'no-such-sem', 'holder'},
         {'queue_ack', 'no-such-queue', 1},
@@ -105,7 +122,23 @@ test:test('a write that finds nothing to change writes nothing to the WAL (no as
         {'prewarm_complete', 'no-such-client', 1, 'owner', {}},
         {'prewarm_fail', 'no-such-client', 1, 'owner'},
     }
-    t:plan(#calls)
+    -- A bound session refused for its binding writes its event and nothing else (its own row).
+    local mismatch = {
+        {'session_get', bound, other}, {'session_touch', bound, other},
+        {'session_update', bound, {x = 1}, nil, nil, nil, nil, other}, {'session_rotate', bound, sid, 0, other},
+        {'session_delete', bound, other}, {'cache_put', bound, 'k', 0, 60, 1, other},
+        {'cache_delete', bound, 'k', other},
+    }
+    t:plan(#calls + #mismatch)
+    for _, c in ipairs(mismatch) do
+        local msgpack = require('msgpack')
+        local before, row = box.info.lsn, msgpack.encode(box.space.sessions:get(bound))
+        local r = _G.sc[c[1]](nil, unpack(c, 2, 8))
+        t:ok(r.status == 'BINDING_MISMATCH' and box.info.lsn - before <= 3
+             and msgpack.encode(box.space.sessions:get(bound)) == row,
+             string.format('%s with another binding: its event only (%s, %d rows)', c[1], r.status,
+                           box.info.lsn - before))
+    end
     for _, c in ipairs(calls) do
         local before = box.info.lsn
         local ok, r = pcall(_G.sc[c[1]], nil, unpack(c, 2))

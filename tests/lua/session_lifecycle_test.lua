@@ -9,6 +9,7 @@ local config = require('smartcache.config')
 local sessions = require('smartcache.sessions')
 local reads = require('smartcache.sessions.reads')  -- the refresh rule and its counter
 local F = require('smartcache.schema').F.sessions
+local uuid = require('smartcache.util').uuid  -- a stored id, as the service derives them (random to storage)
 
 local test = tap.test('session lifecycle')
 test:plan(12)
@@ -26,35 +27,38 @@ local function head()
     return sc.events_read(nil, nil, nil, 1, 0).head_seq
 end
 
-test:test('rotation moves the session, its cache and its deadline to a new id; the old id is gone', function(t)
-    t:plan(10)
+test:test('rotation with no grace moves the session, its cache and its deadline to the new id; the old is gone',
+    function(t)
+    t:plan(11)
     local old = helper.session('client-rot', {step = 1})
     sc.session_update(nil, old, {step = 2})
     sc.cache_put(nil, old, 'wizard', 0, 60, 'page 3')
     local before, left = head(), sc.session_get(nil, old).expires_in_ms
-    local r = sc.session_rotate(nil, old)
+    local new = uuid()
+    local r = sc.session_rotate(nil, old, new, 0)
     t:is(r.status, 'OK', 'rotated')
-    t:isnt(r.session_id, old, 'a new id')
+    t:is_deeply({r.session_id, r.handle}, {nil, helper.handle(new)}, 'to the id the service gave: its handle')
     t:is(sc.session_get(nil, old).status, 'NOT_FOUND', 'the old id is NOT_FOUND at once')
-    local got = sc.session_get(nil, r.session_id)
+    local got = sc.session_get(nil, new)
     t:is_deeply({got.client_id, got.data.step, got.rev}, {'client-rot', 2, 2}, 'client, data and rev moved')
     t:ok(math.abs(got.expires_in_ms - left) < 1000, 'the remaining lifetime moved too')
-    t:is(sc.cache_get(nil, r.session_id, 'wizard').data, 'page 3', 'the cache entry moved')
+    t:is(sc.cache_get(nil, new, 'wizard').data, 'page 3', 'the cache entry moved')
     t:is(sc.cache_get(nil, old, 'wizard').status, 'NOT_FOUND', 'and is gone from the old id')
     t:is(r.cache_moved, 1, 'cache entries counted')
     local ev = events_since(before, 'session.rotated')
-    t:is_deeply({#ev, ev[1] and ev[1].key, ev[1] and ev[1].payload.old_session_id}, {1, r.session_id, old},
-        'one session.rotated event, keyed by the new id, naming the old')
-    t:is(sc.session_rotate(nil, old).status, 'NOT_FOUND', 'rotating a gone id: NOT_FOUND')
+    t:is_deeply({#ev, ev[1] and ev[1].key, ev[1] and ev[1].payload.old_handle},
+        {1, helper.handle(new), helper.handle(old)}, 'one session.rotated event, keyed by the new handle, naming the old')
+    t:is(sc.session_rotate(nil, old, uuid(), 0).status, 'NOT_FOUND', 'rotating a gone id: NOT_FOUND')
+    t:is(box.space.rotations:get(old), nil, 'no grace: no rotation row')
 end)
 
-test:test('a rotation repeated under its idempotency key answers the same new id', function(t)
+test:test('a rotation repeated under its idempotency key answers the same', function(t)
     t:plan(3)
-    local old = helper.session('client-rot2')
-    local a = sc.session_rotate({idempotency_key = 'rot-1'}, old)
-    local b = sc.session_rotate({idempotency_key = 'rot-1'}, old)
+    local old, new = helper.session('client-rot2'), uuid()
+    local a = sc.session_rotate({idempotency_key = 'rot-1'}, old, new)
+    local b = sc.session_rotate({idempotency_key = 'rot-1'}, old, new)
     t:is(a.status, 'OK', 'rotated')
-    t:is(b.session_id, a.session_id, 'the repeat answers the same new id')
+    t:is(b.rev, a.rev, 'the repeat answers the same')
     t:ok(b.replayed, 'as a replay')
 end)
 
@@ -109,9 +113,9 @@ end)
 
 test:test('a client limited to n sessions: refuse answers LIMIT_REACHED and changes nothing', function(t)
     t:plan(4)
-    local a = sc.session_create(nil, nil, 'client-lim', nil, 60, nil, 2, 'refuse')
-    local b = sc.session_create(nil, nil, 'client-lim', nil, 60, nil, 2, 'refuse')
-    local c = sc.session_create(nil, nil, 'client-lim', nil, 60, nil, 2, 'refuse')
+    local a = sc.session_create(nil, uuid(), 'client-lim', nil, 60, nil, 2, 'refuse')
+    local b = sc.session_create(nil, uuid(), 'client-lim', nil, 60, nil, 2, 'refuse')
+    local c = sc.session_create(nil, uuid(), 'client-lim', nil, 60, nil, 2, 'refuse')
     t:is_deeply({a.status, b.status}, {'OK', 'OK'}, 'two fit')
     t:is(c.status, 'LIMIT_REACHED', 'the third is refused')
     t:is(c.session_id, nil, 'and names no session')
@@ -120,17 +124,18 @@ end)
 
 test:test('evict_oldest ends the least recently used session of the client, with its event', function(t)
     t:plan(5)
-    local first = sc.session_create(nil, nil, 'client-ev', nil, 60, nil, 2, 'evict_oldest').session_id
-    local second = sc.session_create(nil, nil, 'client-ev', nil, 60, nil, 2, 'evict_oldest').session_id
+    local first, second = uuid(), uuid()
+    sc.session_create(nil, first, 'client-ev', nil, 60, nil, 2, 'evict_oldest')
+    sc.session_create(nil, second, 'client-ev', nil, 60, nil, 2, 'evict_oldest')
     box.space.sessions:update(second, {{'-', F.updated_at, 10000}})  -- second is now the least recently used
     local before = head()
-    local third = sc.session_create(nil, nil, 'client-ev', nil, 60, nil, 2, 'evict_oldest')
+    local third = sc.session_create(nil, uuid(), 'client-ev', nil, 60, nil, 2, 'evict_oldest')
     t:is_deeply({third.status, third.evicted}, {'OK', 1}, 'created, one evicted')
     t:is(sc.session_get(nil, second).status, 'NOT_FOUND', 'the least recently used one ended')
     t:is(sc.session_get(nil, first).status, 'OK', 'the other stays')
     local ev = events_since(before, 'session.evicted')
-    t:is_deeply({#ev, ev[1] and ev[1].key}, {1, second}, 'session.evicted for it')
-    t:is(sc.session_create(nil, nil, 'client-ev', nil, 60, nil, 0).status, 'BAD_REQUEST', 'max_sessions >= 1')
+    t:is_deeply({#ev, ev[1] and ev[1].key}, {1, helper.handle(second)}, 'session.evicted for it, by handle')
+    t:is(sc.session_create(nil, uuid(), 'client-ev', nil, 60, nil, 0).status, 'BAD_REQUEST', 'max_sessions >= 1')
 end)
 
 test:test('concurrent creates for one client limited to one leave exactly one live session', function(t)
@@ -138,7 +143,7 @@ test:test('concurrent creates for one client limited to one leave exactly one li
     local done, statuses = fiber.channel(50), {}
     for _ = 1, 50 do
         fiber.create(function()
-            done:put(sc.session_create(nil, nil, 'client-race', nil, 60, nil, 1, 'refuse').status)
+            done:put(sc.session_create(nil, uuid(), 'client-race', nil, 60, nil, 1, 'refuse').status)
         end)
     end
     for _ = 1, 50 do
@@ -171,7 +176,8 @@ test:test('a read refreshes the deadline only once a tenth of the TTL has passed
     t:is(reads.refresh_after_ms(1800 * 1000), 180 * 1000, 'a tenth of 30 min: 3 min')
     t:is(reads.refresh_after_ms(5 * 1000), 1000, 'never below 1 s')
     t:is(reads.refresh_after_ms(30 * 86400 * 1000), 300 * 1000, 'never above 5 min')
-    local sid = sc.session_create(nil, nil, 'client-read', nil, 600, 'x').session_id
+    local sid = uuid()
+    sc.session_create(nil, sid, 'client-read', nil, 600, 'x')
     local writes = reads.refreshes
     for _ = 1, 20 do
         sc.session_get(nil, sid)
@@ -182,15 +188,19 @@ test:test('a read refreshes the deadline only once a tenth of the TTL has passed
     t:is(reads.refreshes, writes + 1, 'one past a tenth of its TTL writes once')
 end)
 
-test:test('the list shows created-at, last refresh, expiry, version and device, never the data', function(t)
-    t:plan(4)
-    local sid = sc.session_create(nil, nil, 'client-where', 'ios-5.2', 60, {secret = 1}, nil, nil, 'iPhone 15')
-        .session_id
+test:test('the list shows handles, created-at, last refresh, both expiries, version and device, never the data',
+    function(t)
+    t:plan(6)
+    local sid = uuid()
+    sc.session_create(nil, sid, 'client-where', 'ios-5.2', 60, {secret = 1}, nil, nil, 'iPhone 15')
     local s = sc.session_list(nil, 'client-where').sessions[1]
-    t:is_deeply({s.session_id, s.version, s.device}, {sid, 'ios-5.2', 'iPhone 15'}, 'id, version, device')
+    t:is_deeply({s.handle, s.version, s.device}, {helper.handle(sid), 'ios-5.2', 'iPhone 15'},
+        'handle, version, device')
+    t:is(s.session_id, nil, 'never the id: "list my devices" hands out no credential')
     t:ok(s.created_at_ms > 0 and s.updated_at_ms >= s.created_at_ms and s.expires_in_ms > 0, 'times')
+    t:ok(s.absolute_expires_in_ms > s.expires_in_ms, 'the absolute deadline too')
     t:is(s.data, nil, 'no data')
-    t:is(sc.session_create(nil, nil, 'client-where', nil, 60, nil, nil, nil, string.rep('d', 129)).status,
+    t:is(sc.session_create(nil, uuid(), 'client-where', nil, 60, nil, nil, nil, string.rep('d', 129)).status,
         'BAD_REQUEST', 'a device name is at most 128 bytes')
 end)
 
@@ -199,7 +209,7 @@ test:test('a rotation keeps the creation time', function(t)
     local old = helper.session('client-keep')
     local created = sc.session_list(nil, 'client-keep').sessions[1].created_at_ms
     box.space.sessions:update(old, {{'-', F.created_at, 5000}})
-    sc.session_rotate(nil, old)
+    sc.session_rotate(nil, old, uuid())
     t:is(sc.session_list(nil, 'client-keep').sessions[1].created_at_ms, created - 5000, 'created_at moved with it')
 end)
 

@@ -191,7 +191,7 @@ test:test('sc.buckets_init: a shard takes its buckets once, synchronously', func
 end)
 
 test:test('every row of a sharded space records its bucket, written by the procedures', function(t)
-    t:plan(17)
+    t:plan(19)
     unshard()
     local before = helper.session(FAR)  -- written before sharding: no bucket until the backfill
     local schema = require('smartcache.schema')
@@ -214,6 +214,8 @@ test:test('every row of a sharded space records its bucket, written by the proce
     sc.latch_create(nil, 'latch-1', 2, 60000)
     sc.queue_put(nil, 'q-1', {1})
     sc.prewarm_acquire(nil, NEAR, 1, 'owner-1', 1000, 60000, s.session_id, '1')
+    local rotated = helper.session(NEAR)
+    sc.session_rotate(nil, rotated, buckets.session_id(require('uuid').str(), buckets.of(NEAR, COUNT)), 60000)
     local wrong, empty = {}, {}
     for _, name in ipairs(schema.SHARDED) do
         local pos = schema.F[name].bucket
@@ -233,6 +235,8 @@ test:test('every row of a sharded space records its bucket, written by the proce
          'a session\'s cache entry is in its client\'s bucket')
     t:is(#box.space.sessions.index.by_bucket:select({buckets.of(NEAR, COUNT)}),
          box.space.sessions.index.by_client:count({NEAR}), 'a bucket\'s sessions by the index: its client\'s')
+    t:is(box.space.rotations:get(rotated)[schema.F.rotations.bucket], buckets.of(NEAR, COUNT),
+         'an old id\'s rotation row is in its session\'s bucket')
     unshard()
     local plain = sc.session_create(nil, nil, NEAR, nil, 60, nil)
     t:is(box.space.sessions:get(plain.session_id)[schema.F.sessions.bucket], nil, 'not sharded again: none')
@@ -240,7 +244,7 @@ end)
 
 test:test('the spaces are sharded or the shard\'s own, none forgotten', function(t)
     local schema = require('smartcache.schema')
-    local own = {sc_meta = true, sc_buckets = true, idempotency = true, sc_quorum = true}
+    local own = {sc_meta = true, sc_buckets = true, idempotency = true, sc_quorum = true, audit = true}
     local listed = {}
     for _, name in ipairs(schema.SHARDED) do
         listed[name] = true

@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "lua"
 
 #: the modules every other stands on
-CORE = frozenset({"util", "config", "compat", "schema", "quorum", "memory", "disk", "digest", "etcd", "idempotency"})
+CORE = frozenset(
+    {"util", "config", "compat", "schema", "quorum", "memory", "disk", "digest", "etcd", "idempotency", "audit"}
+)
 #: what wires the rooms into one instance (api's own folder, api/, belongs to it)
 INSTANCE = frozenset({"api", "runtime", "stats", "expiry", "http"})
 #: each room, and the rooms whose facades its modules may require

@@ -8,7 +8,9 @@
 -- deadline one does nothing, and a WAL or memory failure is counted.
 local failover = require('smartcache.failover')
 local sharding = require('smartcache.sharding')
+local sessions = require('smartcache.sessions')
 local digest = require('smartcache.digest')
+local audit = require('smartcache.audit')
 
 local M = {}
 
@@ -37,6 +39,11 @@ M.procedures = {
     bucket_recv_done = sharding.bucket_recv_done,
     bucket_recv_abort = sharding.bucket_recv_abort,
     digest = digest.digest,  -- this instance's data, space by space (compare a follower with the leader)
+    -- The audit log (smartcache.audit): what operators did; a write checks util.writable() itself.
+    audit_write = audit.write,
+    audit_read = audit.read,
+    -- The raw-keyed sessions of before revision 11, a page at a time (the CLI's sessions-rekey).
+    sessions_page = sessions.page,
 }
 
 return M

@@ -17,6 +17,8 @@ local writes = {
     session_update = sessions.update,
     session_delete = sessions.delete,
     session_rotate = sessions.rotate,
+    session_rekey = sessions.rekey,  -- the migration of raw-keyed rows (the service's lazy rekey, the CLI's)
+    session_key_check = sessions.key_check,  -- every service instance at start: one key for the cluster
     cache_put = sessions.cache_put,
     cache_delete = sessions.cache_delete,
     device_bind = sessions.device_bind,
@@ -46,7 +48,8 @@ M.procedures = writes
 -- right (it would roll back with it), only the answers that refuse need it; waiting for all keeps it
 -- simple, and costs a write only the pending one's quorum wait.
 M.KEYED = {session_update = 'sessions', session_touch = 'sessions', session_delete = 'sessions',
-           session_rotate = 'sessions', session_create = 'sessions', counter_add = 'counters',
+           session_rotate = 'sessions', session_create = 'sessions', session_rekey = 'sessions',
+           counter_add = 'counters',
            counter_cas = 'counters', register_cas = 'registers', sequence_reserve = 'sequences',
            latch_create = 'latches', latch_count_down = 'latches', device_bind = 'device',
            semaphore_release = 'semaphore_holders', semaphore_renew = 'semaphore_holders'}

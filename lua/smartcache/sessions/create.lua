@@ -1,17 +1,24 @@
 -- Session creation: a per-client limit of live sessions (refuse, or evict the
 -- least recently used), decided in the transaction that inserts, so concurrent
--- creates cannot both pass; and the ids (version 8, carrying the client's
--- bucket, in a sharded cluster).
+-- creates cannot both pass; the absolute deadline and the binding (issue 37).
+--
+-- The id is the service's: the stored id it derives from the raw id it made
+-- (proto/PROTOCOL.md; storage never sees the raw id nor the key). Only a service
+-- of revision 10, during a rolling upgrade, still creates without one: then the id
+-- is made here as before (version 8, carrying the client's bucket, in a sharded
+-- cluster) and the row is raw-keyed (no `stored` mark) until it is rekeyed.
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local events = require('smartcache.events')
 local sharding = require('smartcache.sharding')
+local access = require('smartcache.sessions.access')
+local handles = require('smartcache.sessions.handles')
 local ends = require('smartcache.sessions.ends')
 local F = require('smartcache.schema').F.sessions
 
 local M = {}
 
-local of_client = ends.of_client
+local of_client = access.of_client
 
 -- The limit of live sessions per client and what a create beyond it does.
 M.POLICIES = {refuse = true, evict_oldest = true}
@@ -39,7 +46,7 @@ end
 local function live_of(client_id, now)
     local out = {}
     for _, t in box.space.sessions.index.by_client:pairs({client_id}, {iterator = 'EQ'}) do
-        if t[F.expires_at] > now then
+        if access.alive(t, now) then
             table.insert(out, t)
         end
     end
@@ -58,9 +65,9 @@ local function check_limit(max_sessions, policy)
     return max_sessions, policy or config.session_limit_policy, err
 end
 
--- A new session id of a client: version 4 (random), or in a sharded cluster
--- version 8 carrying the client's bucket (smartcache.sharding), so that every
--- later call on it routes with no lookup.
+-- A new session id of a client (only for a service of revision 10: see above):
+-- version 4 (random), or in a sharded cluster version 8 carrying the client's
+-- bucket (smartcache.sharding), so that every later call on it routes with no lookup.
 local function new_id(client_id)
     local id = util.uuid()
     local count = sharding.count()
@@ -69,7 +76,7 @@ local function new_id(client_id)
     end
     return id
 end
-M.new_id = new_id  -- a rotation's new id too (smartcache.sessions.update)
+M.new_id = new_id  -- a rotation's new id too, for such a service (smartcache.sessions.rotations)
 
 -- An id the caller chose must carry its client's bucket, if it carries one.
 local function id_of_another_bucket(id, client_id)
@@ -81,18 +88,47 @@ local function id_of_another_bucket(id, client_id)
     end
     return nil
 end
+M.id_of_another_bucket = id_of_another_bucket
 
--- id nil: a new random (version 4) UUID, returned as session_id. Generated
+-- A stored id as the service gives it: canonical UUID text (lowercase), of its client's bucket.
+function M.check_id(id, client_id, name)
+    if not handles.is_uuid(id) then
+        return string.format('%s must be canonical UUID text (lowercase)', name or 'session id')
+    end
+    return id_of_another_bucket(id, client_id)
+end
+
+-- max_lifetime_s: nil (the cluster's SC_SESSION_MAX_LIFETIME_S) or whole seconds in range; the ms.
+local function lifetime_ms(max_lifetime_s)
+    if max_lifetime_s == nil then
+        return config.session_max_lifetime_ms, nil
+    end
+    if type(max_lifetime_s) ~= 'number' or max_lifetime_s ~= math.floor(max_lifetime_s)
+            or max_lifetime_s < config.MIN_LIFETIME_S or max_lifetime_s > config.MAX_LIFETIME_S then
+        return nil, string.format('max_lifetime_s must be an integer in %d..%d', config.MIN_LIFETIME_S,
+            config.MAX_LIFETIME_S)
+    end
+    return max_lifetime_s * 1000, nil
+end
+
+-- id: the stored id (nil: made here, see above; returned as session_id). Generated
 -- here, so a repeat under an idempotency key has the same arguments.
 -- max_sessions (default SC_MAX_SESSIONS_PER_CLIENT, 0 = none): the client's
 -- live sessions after this one; beyond it, limit_policy 'refuse' answers
 -- LIMIT_REACHED (saying nothing of the other sessions) and 'evict_oldest' ends
 -- the least recently used ones (session.evicted each). Counted and decided in
 -- the transaction that inserts, so concurrent creates cannot both pass.
-function M.create(id, client_id, version, ttl_s, data, max_sessions, policy, device)
-    local err = util.check(id, 'string', 'session id', true) or util.check(client_id, 'string', 'client_id')
+-- max_lifetime_s: the absolute lifetime (default SC_SESSION_MAX_LIFETIME_S): no
+-- refresh moves the deadline past now + it. binding: the SHA-256 (hex) of the
+-- request's binding, kept; every later request on the session must name the same
+-- (smartcache.sessions.access). OK {expires_in_ms, absolute_expires_in_ms, rev,
+-- handle, evicted?, session_id (only when made here)}.
+function M.create(id, client_id, version, ttl_s, data, max_sessions, policy, device, max_lifetime_s, binding)
+    id, binding = util.opt(id, nil), util.opt(binding, nil)
+    local err = util.check(client_id, 'string', 'client_id')
         or util.check(version, 'string', 'version', true) or util.check(device, 'string', 'device', true)
-    local ttl, limit
+        or access.check_binding(binding)
+    local ttl, limit, lifetime
     if err == nil and device ~= nil and #device > M.MAX_DEVICE_BYTES then
         err = string.format('device must be a string of 0..%d bytes', M.MAX_DEVICE_BYTES)
     end
@@ -100,23 +136,27 @@ function M.create(id, client_id, version, ttl_s, data, max_sessions, policy, dev
         ttl, err = ttl_ms(ttl_s)
     end
     if err == nil then
+        lifetime, err = lifetime_ms(util.opt(max_lifetime_s, nil))
+    end
+    if err == nil then
         limit, policy, err = check_limit(util.opt(max_sessions, nil), util.opt(policy, nil))
     end
-    if err == nil and util.opt(id, nil) ~= nil then
-        err = id_of_another_bucket(id, client_id)
+    if err == nil and id ~= nil then
+        err = M.check_id(id, client_id)
     end
     if err ~= nil then
         return util.bad_request(err)
     end
     local now = util.now_ms()
-    id = util.opt(id, nil) or new_id(client_id)
+    local made = id == nil
+    id = id or new_id(client_id)
     return util.atomic(function()
         local t = box.space.sessions:get(id)
         if t ~= nil then
-            if t[F.expires_at] > now then
+            if access.alive(t, now) then
                 return util.result('ALREADY_EXISTS')
             end
-            events.write('session.expired', id, of_client(t[F.client_id]))  -- expired, not swept yet: it ends here
+            ends.drop(id)  -- expired, not swept yet: it ends here (session.expired), with its cache
         end
         local evicted = 0
         if limit > 0 then
@@ -131,13 +171,18 @@ function M.create(id, client_id, version, ttl_s, data, max_sessions, policy, dev
                 end
             end
         end
-        util.replace(box.space.sessions, {id, client_id, util.opt(version, ''), 1, now, ttl, now + ttl,
-                                          util.opt(data, box.NULL), now, util.opt(device, box.NULL)})
-        events.write('session.created', id, of_client(client_id))
+        local absolute = now + lifetime
+        local deadline = math.min(now + ttl, absolute)
+        util.replace(box.space.sessions, {id, client_id, util.opt(version, ''), 1, now, ttl, deadline,
+                                          util.opt(data, box.NULL), now, util.opt(device, box.NULL), box.NULL,
+                                          absolute, binding or box.NULL, not made or box.NULL})
+        local name = handles.name(id, not made)
+        events.write('session.created', name, of_client(client_id))
         if on_deadline ~= nil then
-            on_deadline(now + ttl)
+            on_deadline(deadline)
         end
-        return util.result('OK', {session_id = id, expires_in_ms = ttl, rev = 1,
+        return util.result('OK', {session_id = made and id or nil, expires_in_ms = deadline - now,
+                                  absolute_expires_in_ms = lifetime, rev = 1, handle = name,
                                   evicted = evicted > 0 and evicted or nil})
     end)
 end

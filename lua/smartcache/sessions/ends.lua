@@ -1,53 +1,97 @@
--- How sessions end: delete (one session, cascading to its cache), delete_client
--- (log out everywhere, in batches), and drop, the one deletion the others, an
--- eviction and expiry use, with the session's last event.
+-- How sessions end: delete (one session, cascading to its cache; by its id, or by
+-- handle with its client's id: "sign out that device"), delete_client (log out
+-- everywhere, in batches), and drop, the one deletion the others, an eviction and
+-- expiry use, with the session's last event (keyed by its handle).
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local events = require('smartcache.events')
 local idempotency = require('smartcache.idempotency')
 local sharding = require('smartcache.sharding')
-local reads = require('smartcache.sessions.reads')
-local F = require('smartcache.schema').F.sessions
+local access = require('smartcache.sessions.access')
+local handles = require('smartcache.sessions.handles')
+local schema = require('smartcache.schema')
+local F = schema.F.sessions
+local FR = schema.F.rotations
 
 local M = {}
 
-local live = reads.live
+local live = access.live
 
--- The payload of an event about a session: {client_id}, filled anew for each
--- event (the event's insert encodes it at once), so a write allocates none.
-local about = {client_id = ''}
-local function of_client(client_id)
-    about.client_id = client_id
-    return about
-end
-M.of_client = of_client
-
--- Delete a session tuple and its cache entries, with its event (session.expired
--- past its deadline, else `topic`, session.deleted by default); call inside a
--- transaction.
+-- Delete a session tuple, its cache entries and the old ids of its rotations (their grace ends
+-- with it), with its event (session.expired past its deadline, with its reason, else `topic`,
+-- session.deleted by default); call inside a transaction, for a row that is there.
 local function drop(id, topic)
     local entries = box.space.cache.index.primary:select({id}, {iterator = 'EQ'})
     for _, c in ipairs(entries) do
         box.space.cache:delete({c[1], c[2]})
     end
+    local rotations = box.space.rotations
+    if rotations ~= nil then
+        for _, r in ipairs(rotations.index.by_new:select({id}, {iterator = 'EQ'})) do
+            rotations:delete(r[FR.old_id])
+        end
+    end
     local t = box.space.sessions:delete(id)
     if t ~= nil then
-        local ended = t[F.expires_at] <= util.now_ms() and 'session.expired' or topic or 'session.deleted'
-        events.write(ended, id, of_client(t[F.client_id]))
+        local now = util.now_ms()
+        if not access.alive(t, now) then
+            events.write('session.expired', access.name(t), access.expired(t, now))
+        else
+            events.write(topic or 'session.deleted', access.name(t), access.of_client(t[F.client_id]))
+        end
     end
     return #entries
 end
 M.drop = drop
 
-function M.delete(id)
+-- What SESSION_DELETE names: the request's session id (checked against its binding), or a handle
+-- with the client it must belong to (a front server or the console ending another device's
+-- session: no binding asked). The stored id, or nil and why.
+local function target(id, binding, handle, client_id)
+    if id ~= nil then
+        if handle ~= nil then
+            return nil, 'a session id or a handle (with client_id), not both'
+        end
+        return id, util.check(id, 'string', 'session id') or access.check_binding(binding)
+    end
+    if handle == nil or client_id == nil then
+        return nil, 'a session id, or a handle with its client_id'
+    end
+    local err = util.check(client_id, 'string', 'client_id')
+    if err ~= nil then
+        return nil, err
+    end
+    return handles.parse(handle)
+end
+
+-- sc.session_delete(id, binding?, handle?, client_id?): OK {cache_deleted} · NOT_FOUND ·
+-- BINDING_MISMATCH. By handle, a session of another client, or a raw-keyed row (it has no
+-- handle), is NOT_FOUND.
+function M.delete(id, binding, handle, client_id)
+    id, binding, handle, client_id = util.opt(id, nil), util.opt(binding, nil), util.opt(handle, nil),
+        util.opt(client_id, nil)
+    local stored, err = target(id, binding, handle, client_id)
+    if stored == nil or err ~= nil then
+        return util.bad_request(err)
+    end
     local now = util.now_ms()
     return util.atomic(function()
-        if live(id, now) == nil then
+        local t = live(stored, now)
+        if id == nil then
+            if t == nil or not access.is_stored(t) or t[F.client_id] ~= client_id then
+                return util.result('NOT_FOUND')
+            end
+            return util.result('OK', {cache_deleted = drop(stored)})
+        end
+        if t == nil then
             -- An expired leftover still goes, with its cache, but the answer is NOT_FOUND.
             if box.space.sessions:get(id) ~= nil then
                 drop(id)
             end
             return util.result('NOT_FOUND')
+        end
+        if not access.bound(t, binding) then
+            return access.mismatch(t)
         end
         return util.result('OK', {cache_deleted = drop(id)})
     end)
@@ -89,7 +133,7 @@ function M.delete_client(deadline_ms, key, client_id, except)
         local now = util.now_ms()
         local batch = {}
         for _, t in box.space.sessions.index.by_client:pairs({client_id}, {iterator = 'EQ'}) do
-            if t[F.id] ~= except and t[F.expires_at] > now then
+            if t[F.id] ~= except and access.alive(t, now) then
                 table.insert(batch, t[F.id])
                 if #batch >= config.delete_batch then
                     break

@@ -3,18 +3,20 @@
 -- sessions). A session whose deadline has passed is NOT_FOUND at once, swept or
 -- not. A read slides the deadline at most once per tenth of the session's TTL
 -- (refresh_after_ms): a session read every few seconds costs a synchronous
--- write per tenth of its life, not per read.
+-- write per tenth of its life, not per read; and never past the session's
+-- absolute deadline (smartcache.sessions.access), where it writes nothing more.
+-- A read by the old id of a rotated session, within its grace window, answers the
+-- session it was rotated to (rotated = true) and never refreshes it.
 local log = require('log')
 local util = require('smartcache.util')
 local config = require('smartcache.config')
 local sharding = require('smartcache.sharding')
+local access = require('smartcache.sessions.access')
 local F = require('smartcache.schema').F.sessions
 
 local M = {}
 
-local function live(id, now)
-    return util.live(box.space.sessions, id, F.expires_at, now)
-end
+local live = access.live
 M.live = live
 
 -- How stale a session's last refresh may be before a read writes a new one:
@@ -26,16 +28,20 @@ local function refresh_after_ms(ttl)
 end
 M.refresh_after_ms = refresh_after_ms
 
--- Push the deadline to now + ttl, unless the last refresh is recent enough: a
--- session read every few seconds costs a (synchronous) write per tenth of its
--- life, not per read.
-local function refresh(id, now)
-    local t = live(id, now)
-    if t == nil or now - t[F.updated_at] < refresh_after_ms(t[F.ttl_ms]) then
-        return t
+-- Whether a read or touch at now writes a refresh: the last one is old enough, and the deadline is
+-- not at the absolute one already (then a refresh would move nothing: no write).
+local function due(t, now)
+    if now - t[F.updated_at] < refresh_after_ms(t[F.ttl_ms]) then
+        return false
     end
+    local absolute = t[F.absolute_at]
+    return absolute == nil or t[F.expires_at] < absolute
+end
+
+-- Push the deadline to now + ttl (never past the absolute one); the refreshed tuple.
+local function refresh(t, now)
     M.refreshes = M.refreshes + 1
-    return box.space.sessions:update(id, {{'=', F.updated_at, now}, {'=', F.expires_at, now + t[F.ttl_ms]}})
+    return box.space.sessions:update(t[F.id], access.refresh_ops(t, now))
 end
 -- Refreshes written (reads and touches that moved a deadline), for sc.stats: writes per read.
 M.refreshes = 0
@@ -44,14 +50,15 @@ M.refreshes = 0
 M.refresh_failures = 0
 
 -- Where a session lives, for an id made before sharding (version 4: it carries no
--- bucket): its bucket here, if this shard has it live. A read that writes nothing
--- (no refresh), asked of every shard by the service (docs/design/sharding.md).
+-- bucket): its bucket here, if this shard has it live (or, within a rotation's grace
+-- window, the session it was rotated to). A read that writes nothing (no refresh),
+-- asked of every shard by the service (docs/design/sharding.md).
 function M.locate(id)
     local err = util.check(id, 'string', 'session id')
     if err ~= nil then
         return util.bad_request(err)
     end
-    local t = live(id, util.now_ms())
+    local t = access.resolve(id, util.now_ms())
     if t == nil then
         return util.result('NOT_FOUND')
     end
@@ -61,49 +68,73 @@ end
 
 -- A read slides the deadline when it can. When the refresh cannot be written
 -- (not writable, disk or memory full) the read still answers the data, with
--- refresh_failed = true: the deadline did not move.
-function M.get(id)
+-- refresh_failed = true: the deadline did not move. A binding that does not match
+-- refuses it before anything is refreshed.
+function M.get(id, binding)
+    binding = util.opt(binding, nil)
+    local err = util.check(id, 'string', 'session id') or access.check_binding(binding)
+    if err ~= nil then
+        return util.bad_request(err)
+    end
     local now = util.now_ms()
-    local t, failed
-    if util.writable() then
-        local ok, res = pcall(refresh, id, now)
-        if ok then
-            t = res
-        else
-            failed = true
-            if M.refresh_failures == 0 then
+    local t, rotated = access.resolve(id, now)
+    if t == nil then
+        return util.result('NOT_FOUND')
+    end
+    if not access.bound(t, binding) then
+        return access.mismatch_read(t)
+    end
+    local failed = nil
+    if not rotated and due(t, now) then
+        local ok, res = false, nil
+        if util.writable() then
+            ok, res = pcall(refresh, t, now)
+            if not ok and M.refresh_failures == 0 then
                 log.warn('session refresh failed, reads go on without sliding: %s', tostring(res))
             end
-            M.refresh_failures = M.refresh_failures + 1
         end
-    else
-        failed = true
+        if ok then
+            t = res
+            if M.refresh_failures > 0 then
+                log.info('session refresh works again after %d failed reads', M.refresh_failures)
+                M.refresh_failures = 0
+            end
+        else
+            failed = true
+            M.refresh_failures = M.refresh_failures + (res ~= nil and 1 or 0)
+        end
     end
-    if failed then
-        t = live(id, now)
-        failed = t ~= nil and now - t[F.updated_at] >= refresh_after_ms(t[F.ttl_ms]) or nil
-    elseif M.refresh_failures > 0 then
-        log.info('session refresh works again after %d failed reads', M.refresh_failures)
-        M.refresh_failures = 0
-    end
-    if t == nil then
-        return util.result('NOT_FOUND')
-    end
-    return util.result('OK', {
+    return util.result('OK', access.expiry_fields(t, now, {
         client_id = t[F.client_id], version = t[F.version], data = t[F.data], rev = t[F.rev],
-        updated_at_ms = t[F.updated_at], expires_in_ms = t[F.expires_at] - now, refresh_failed = failed,
-    })
+        updated_at_ms = t[F.updated_at], refresh_failed = failed, rotated = rotated or nil,
+    }))
 end
 
-function M.touch(id)
-    local now = util.now_ms()
-    local t = refresh(id, now)
-    if t == nil then
-        return util.result('NOT_FOUND')
+-- A refresh only (a write: the old id of a rotated session is NOT_FOUND).
+function M.touch(id, binding)
+    binding = util.opt(binding, nil)
+    local err = util.check(id, 'string', 'session id') or access.check_binding(binding)
+    if err ~= nil then
+        return util.bad_request(err)
     end
-    return util.result('OK', {expires_in_ms = t[F.expires_at] - now})
+    local now = util.now_ms()
+    return util.atomic(function()
+        local t = live(id, now)
+        if t == nil then
+            return util.result('NOT_FOUND')
+        end
+        if not access.bound(t, binding) then
+            return access.mismatch(t)
+        end
+        if due(t, now) then
+            t = refresh(t, now)
+        end
+        return util.result('OK', access.expiry_fields(t, now, {}))
+    end)
 end
 
+-- A client's live sessions, each named by its handle (never its id: "list my devices" must not
+-- hand out the other devices' credentials), without their data.
 function M.list(client_id)
     local err = util.check(client_id, 'string', 'client_id')
     if err ~= nil then
@@ -112,10 +143,11 @@ function M.list(client_id)
     local now = util.now_ms()
     local out = {}
     for _, t in box.space.sessions.index.by_client:pairs({client_id}, {iterator = 'EQ'}) do
-        if t[F.expires_at] > now then
-            table.insert(out, {session_id = t[F.id], version = t[F.version], rev = t[F.rev],
-                               created_at_ms = t[F.created_at] or t[F.updated_at], updated_at_ms = t[F.updated_at],
-                               expires_in_ms = t[F.expires_at] - now, device = t[F.device]})
+        if access.alive(t, now) then
+            table.insert(out, access.expiry_fields(t, now, {
+                handle = access.name(t), version = t[F.version], rev = t[F.rev],
+                created_at_ms = access.created_at(t), updated_at_ms = t[F.updated_at],
+                device = t[F.device]}))
         end
     end
     return util.result('OK', {sessions = out})

@@ -1,15 +1,15 @@
--- Changes of a live session: update (the whole value with compare-and-set, or
--- attribute merges inside the transaction, so two requests changing different
--- attributes both survive) and rotate (a new id for the same session).
+-- Changes of a live session's data: update (the whole value with compare-and-set,
+-- or attribute merges inside the transaction, so two requests changing different
+-- attributes both survive). An update refreshes the deadline, never past the
+-- absolute one; a binding that does not match changes nothing.
 local util = require('smartcache.util')
 local events = require('smartcache.events')
-local reads = require('smartcache.sessions.reads')
-local create = require('smartcache.sessions.create')
+local access = require('smartcache.sessions.access')
 local F = require('smartcache.schema').F.sessions
 
 local M = {}
 
-local live = reads.live
+local live = access.live
 
 -- A msgpack map: decoded ones say so in their metatable; a plain Lua table is one
 -- when it has no array part (an empty table counts as an empty map).
@@ -76,11 +76,13 @@ end
 -- Replace the data (data), or merge attributes into it (set, unset) inside the
 -- transaction, so two requests changing different attributes both survive;
 -- expected_rev makes either a compare-and-set.
-function M.update(id, data, expected_rev, version, set, unset)
-    data, set, unset = util.opt(data, nil), util.opt(set, nil), util.opt(unset, nil)
+function M.update(id, data, expected_rev, version, set, unset, binding)
+    data, set, unset, binding = util.opt(data, nil), util.opt(set, nil), util.opt(unset, nil), util.opt(binding, nil)
     expected_rev = util.opt(expected_rev, nil)  -- 10^14 and more come as 64-bit cdata
-    local err = util.check_positive(expected_rev, 'expected_rev', util.MAX_SAFE, true)
+    local err = util.check(id, 'string', 'session id')
+        or util.check_positive(expected_rev, 'expected_rev', util.MAX_SAFE, true)
         or util.check(version, 'string', 'version', true) or check_merge(data, set, unset)
+        or access.check_binding(binding)
     if err ~= nil then
         return util.bad_request(err)
     end
@@ -89,6 +91,9 @@ function M.update(id, data, expected_rev, version, set, unset)
         local t = live(id, now)
         if t == nil then
             return util.result('NOT_FOUND')
+        end
+        if not access.bound(t, binding) then
+            return access.mismatch(t)
         end
         if expected_rev ~= nil and t[F.rev] ~= expected_rev then
             return util.result('CONFLICT', {rev = t[F.rev]})
@@ -101,39 +106,13 @@ function M.update(id, data, expected_rev, version, set, unset)
                 return util.bad_request(why)
             end
         end
-        local ops = {{'=', F.data, value}, {'+', F.rev, 1}, {'=', F.updated_at, now},
-                     {'=', F.expires_at, now + t[F.ttl_ms]}}
+        local ops = {{'=', F.data, value}, {'+', F.rev, 1}}
         if version ~= nil then
             table.insert(ops, {'=', F.version, version})
         end
-        t = box.space.sessions:update(id, ops)
-        events.write('session.updated', id, {client_id = t[F.client_id], rev = t[F.rev]})
-        return util.result('OK', {rev = t[F.rev], expires_in_ms = t[F.ttl_ms]})
-    end)
-end
-
--- A new id for the same session: client, data, revision, cache entries and the
--- deadline move to it in one transaction, and the old id is gone the instant
--- it commits (a front server rotates at login: session fixation). One event,
--- session.rotated, keyed by the new id with the old one in its payload.
-function M.rotate(id)
-    local now = util.now_ms()
-    return util.atomic(function()
-        local t = live(id, now)
-        if t == nil then
-            return util.result('NOT_FOUND')
-        end
-        local new = create.new_id(t[F.client_id])
-        local entries = box.space.cache.index.primary:select({id}, {iterator = 'EQ'})
-        for _, c in ipairs(entries) do
-            box.space.cache:delete({c[1], c[2]})
-            box.space.cache:insert(c:update({{'=', 1, new}}))
-        end
-        box.space.sessions:delete(id)
-        box.space.sessions:insert(t:update({{'=', F.id, new}, {'=', F.created_at, t[F.created_at] or t[F.updated_at]}}))
-        events.write('session.rotated', new, {client_id = t[F.client_id], old_session_id = id})
-        return util.result('OK', {session_id = new, expires_in_ms = t[F.expires_at] - now, rev = t[F.rev],
-                                  cache_moved = #entries})
+        t = box.space.sessions:update(id, access.refresh_ops(t, now, ops))
+        events.write('session.updated', access.name(t), {client_id = t[F.client_id], rev = t[F.rev]})
+        return util.result('OK', access.expiry_fields(t, now, {rev = t[F.rev]}))
     end)
 end
 

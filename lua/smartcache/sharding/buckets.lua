@@ -148,11 +148,12 @@ end
 
 -- Every row of a sharded space records its bucket (schema version 7): the routing
 -- key of each space's rows, by field position ('cache': a session's entry is its
--- session's bucket, the global namespace's its key's).
+-- session's bucket, the global namespace's its key's; 'rotation': an old id's row is
+-- the bucket of the session it was rotated to, schema version 9).
 M.ROW_KEY = {sessions = 2, device = 1, prewarm = 1, counters = 1, registers = 1, sequences = 1,
-             semaphore_holders = 1, latches = 1, queue_tasks = 2, cache = 'cache'}
+             semaphore_holders = 1, latches = 1, queue_tasks = 2, cache = 'cache', rotations = 'rotation'}
 
--- The bucket of a row of a sharded space, or nil (a cache entry of a session that is gone).
+-- The bucket of a row of a sharded space, or nil (a cache entry or a rotation of a session that is gone).
 function M.of_row(space_name, t, count)
     local key = M.ROW_KEY[space_name]
     if key == 'cache' then
@@ -160,6 +161,9 @@ function M.of_row(space_name, t, count)
             return M.of(t[2], count)
         end
         return M.of_call('session', t[1], count)
+    end
+    if key == 'rotation' then
+        return M.of_call('session', t[2], count)
     end
     return M.of(t[key], count)
 end
@@ -177,7 +181,10 @@ local function stamper(space_name)
         if new == nil then
             -- A delete: of an active bucket's row, or a move's purge (background fibers skip the others:
             -- serves_row); replicated deletes pass.
-            local b = old[pos] or M.of_row(space_name, old, count)
+            local b = old[pos]
+            if b == nil then  -- nil or box.NULL: a row written before sharding
+                b = M.of_row(space_name, old, count)
+            end
             if b ~= nil and b ~= M.purging and box.session.type() ~= 'applier' then
                 local state = box.space.sc_buckets:get(b)
                 if state ~= nil and state[FB.status] ~= BUCKET.ACTIVE then  -- no row: from before sharding
@@ -225,8 +232,13 @@ M.installed = {}
 -- registered as Lua-triggered, so that util.insert/replace write it through space:insert
 -- (compat.FFI_NO_LUA_REENTRY: a Lua trigger must not run under an FFI call).
 function M.install()
-    if box.space.sc_buckets == nil or box.space.sessions.index.by_bucket == nil then
-        return false  -- schema older than 7 (a replica before the upgrade reaches it)
+    if box.space.sc_buckets == nil then
+        return false  -- schema older than 6 (a replica before the upgrade reaches it)
+    end
+    for _, name in ipairs(schema.SHARDED) do
+        if box.space[name] == nil or box.space[name].index.by_bucket == nil then
+            return false  -- a sharded space of a later schema (7, 9) has not reached this replica yet
+        end
     end
     if M.watching == nil then
         -- A replica learns that the cluster is sharded from sc_buckets' first row.
