@@ -15,6 +15,9 @@ the wire, never the server or the CLI (import-linter contracts in pyproject.toml
 * ``parts``: one poller per part (the storage cluster, each service's INFO), blocking calls in
   an executor with a bounded wait, so one part that does not answer degrades only itself;
 * ``rates``: each service's ``/metrics`` scraped into a bounded ring, the derived series;
-* ``lookups``: sessions (metadata, data masked) and the event tail;
+* ``sessions``: lookups by client id or handle (never by session id), from the instances' operator
+  HTTP, data masked unless revealed;
+* ``events``: the event tail; ``audit``: the audit panel (the operator actions storage recorded);
+* ``actions``: switchover, rejoin, reveal, log out everywhere: each with a reason, audited;
 * ``app``: the aiohttp routes, the token check of the actions, the static page.
 """

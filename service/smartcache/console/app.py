@@ -4,19 +4,19 @@ Reads (open: the console listens on 127.0.0.1 by default):
 ``/api/status`` (the storage cluster as ``cluster status`` sees it, each instance
 that stopped answering with ``no_answer_for_s``, etcd's members, who leads),
 ``/api/services`` (each service's INFO), ``/api/rates``, ``/api/sessions``
-(``?client_id=`` or ``?session_id=``; data masked, ``&reveal=1`` needs the
-token), ``/api/events``, ``/api/leader-changes``.
+(``?q=`` a client id or a session's handle; never a session id: refused with
+the reason; data masked), ``/api/events``, ``/api/leader-changes``,
+``/api/audit`` (the operator actions storage recorded most recently).
 
-Actions (``ACTION_ROUTES``, POST, JSON): ``/api/actions/switchover``
-``{"candidate"?, "timeout_ms"?}`` and ``/api/actions/rejoin`` ``{"instance",
-"force"?}``, the CLI's ``cluster switchover`` and ``cluster rejoin``. Each needs
-``Authorization: Bearer <token>``: none is 401, a wrong one 403 (compared in
-constant time), and with no token configured every one is 403 (read-only).
-A header a browser never adds by itself, so no other page can make the
-operator's browser act (no cookie, no CSRF).
+Actions (:mod:`.actions`, POST, JSON): switchover, rejoin, reveal of session
+data, log out everywhere. Each needs ``Authorization: Bearer <token>``: none is
+401, a wrong one 403 (compared in constant time), and with no token configured
+every one is 403 (read-only). A header a browser never adds by itself, so no
+other page can make the operator's browser act (no cookie, no CSRF). Each needs
+a reason too, and is written to the audit with the token's id before it acts.
 
-No access log: a query string may hold a session id. What is logged is the
-action, who it was asked of and its status, never a token or session data.
+No access log: a query string holds a client id. What is logged is the action,
+who it was asked of and its status, never a token, a client id or session data.
 """
 
 from __future__ import annotations
@@ -35,19 +35,21 @@ import structlog
 from aiohttp import web
 
 from smartcache.client import Client
-from smartcache.console import lookups
+from smartcache.console import actions, sessions
+from smartcache.console.audit import AuditTail
+from smartcache.console.events import EventTail
 from smartcache.console.parts import Part, Seen
 from smartcache.console.rates import Scraper
 from smartcache.console.settings import Service, Settings
-from smartcache.ops import cluster
+from smartcache.ops import audit, cluster
 
 log = structlog.get_logger("smartcache.console")
 
 STATIC = Path(__file__).parent / "static"
-ACTION_ROUTES = ("/api/actions/switchover", "/api/actions/rejoin")
-#: a switchover's answer comes once the candidate took over or its timeout passed; beyond that, this margin
-ACTION_MARGIN_S = 15.0
+ACTION_ROUTES = tuple(actions.ROUTES)
 LEADER_CHANGES_KEPT = 50
+#: how often the audit panel asks for new entries
+AUDIT_POLL_S = 2.0
 #: what the page shows of a service's INFO (its settings stay out: the CLI's info shows them)
 INFO_KEYS = ("version", "uptime_s", "queue", "workers", "storage")
 SECURITY_HEADERS = {
@@ -110,12 +112,31 @@ class Console:
             Scraper(svc, every_s=s.scrape_s, window_s=s.window_s, timeout_s=s.answer_timeout_s, token=s.metrics_token)
             for svc in s.services
         ]
-        self.events = lookups.EventTail(
+        self.audit = Part(
+            name="audit",
+            fetch=AuditTail(s.access, self._shards).fetch,
+            every_s=AUDIT_POLL_S,
+            timeout_s=storage_wait_s,
+            executor=self.pool,
+        )
+        self.events = EventTail(
             endpoint=",".join(svc.endpoint for svc in s.services),
             publishers=s.publishers,
             timeout_s=s.answer_timeout_s,
         )
         self._http: aiohttp.ClientSession | None = None
+
+    def status_data(self) -> dict[str, Any]:
+        """The last cluster status the storage part got ({} before the first)."""
+        data = self.storage.data
+        return data if isinstance(data, dict) else {}
+
+    def _shards(self) -> tuple[str | None, list[str]]:
+        """The sharded cluster's name and its shards, as the last status saw them (None, []: one replica set)."""
+        data = self.status_data()
+        if "shards" in data:
+            return data.get("cluster"), list(data["shards"])
+        return None, []
 
     def _on_status(self, status: dict[str, Any]) -> None:
         self.seen.note(status)
@@ -132,7 +153,7 @@ class Console:
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession()
-        for part in [self.storage, *self.services]:
+        for part in [self.storage, self.audit, *self.services]:
             part.start()
         for scraper in self.scrapers:
             scraper.start(self._http)
@@ -140,7 +161,7 @@ class Console:
 
     async def stop(self) -> None:
         self.events.stop()
-        for part in [self.storage, *self.services]:
+        for part in [self.storage, self.audit, *self.services]:
             await part.stop()
         for scraper in self.scrapers:
             await scraper.stop()
@@ -226,39 +247,40 @@ async def leader_changes(request: web.Request) -> web.Response:
     return _json({"changes": list(_console(request).leader_changes)[::-1]})
 
 
-async def sessions(request: web.Request) -> web.Response:
+async def audit_entries(request: web.Request) -> web.Response:
+    view = _console(request).audit.view()
+    return _json({**view, "entries": view.pop("data") or []})
+
+
+async def session_lookup(request: web.Request) -> web.Response:
+    """A masked lookup: ``?q=`` a client id or a handle (``client_id=`` and ``handle=`` too); a session id is
+    refused with the reason, and so is a reveal asked for here (it is an action: a reason, the audit)."""
     c = _console(request)
-    client_id = request.query.get("client_id", "").strip()
-    session_id = request.query.get("session_id", "").strip()
-    if bool(client_id) == bool(session_id):
-        return _json({"error": "BAD_REQUEST", "message": "give client_id or session_id (one of them)"}, 400)
-    reveal = request.query.get("reveal") == "1"
-    if reveal and (refused := c.authorized(request)) is not None:
-        return refused
-    if not c.settings.services:
-        return _json({"error": "NO_SERVICE", "message": "no service instance configured (--service)"}, 503)
-    endpoint = ",".join(s.endpoint for s in c.settings.services)
-    loop = asyncio.get_running_loop()
+    if "session_id" in request.query:
+        return _json({"error": "BAD_REQUEST", "message": sessions.REFUSED_ID}, 400)
+    if "reveal" in request.query:
+        message = "revealing session data is an action: POST /api/actions/reveal with the token and a reason"
+        return _json({"error": "BAD_REQUEST", "message": message}, 400)
+    typed = request.query.get("q") or request.query.get("handle") or request.query.get("client_id") or ""
+    try:
+        kind, value = sessions.query_of(typed)
+    except sessions.Refused as e:
+        return _json({"error": "BAD_REQUEST", "message": str(e)}, 400)
+    sets = sessions.replica_sets(c.status_data())
+    s = c.settings
 
     def ask() -> dict[str, Any]:
-        return lookups.sessions(
-            endpoint,
-            c.settings.answer_timeout_s,
-            client_id=client_id or None,
-            session_id=session_id or None,
-            reveal=reveal,
-        )
+        return sessions.lookup(sets, kind, value, token=s.http_token, timeout_s=s.answer_timeout_s, reveal=False)
 
+    wait_s = s.answer_timeout_s * (3 * len(sets) + 2)
     try:
-        found = await asyncio.wait_for(
-            loop.run_in_executor(c.pool, ask), c.settings.answer_timeout_s * (lookups.MAX_LISTED + 2)
-        )
-    except ValueError:
-        return _json({"error": "BAD_REQUEST", "message": "session_id is not a UUID"}, 400)
-    except Exception as e:  # the service did not answer: said, without the ids asked for
-        return _json({"error": "UNAVAILABLE", "message": f"{type(e).__name__}: {e}"[:300]}, 503)
-    log.info("console_session_lookup", by="session_id" if session_id else "client_id", revealed=reveal)
-    return _json({**found, "revealed": reveal})
+        found = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(c.pool, ask), wait_s)
+    except TimeoutError:
+        found = {"error": "UNAVAILABLE", "message": f"no answer within {wait_s:g} s"}
+    log.info("console_session_lookup", by=kind, found=found.get("count"), error=found.get("error"))
+    if "error" in found:
+        return _json(found, 503)
+    return _json({**found, "by": kind, "revealed": False})
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -272,16 +294,22 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 
 def action(
-    name: str, run: Callable[[Console, dict[str, Any]], tuple[Callable[[], dict[str, Any]], float] | str]
+    name: str, plan: Callable[[actions.Asked], actions.Planned]
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """An action route: the token first, then the arguments, then the CLI's call on the action pool."""
+    """An action route: the token first, then the reason and the arguments, then the call on the action pool
+    (written to the audit by the call itself: before it acts, and its outcome)."""
 
     async def handler(request: web.Request) -> web.Response:
         c = _console(request)
         if (refused := c.authorized(request)) is not None:
             log.warning("console_action_refused", action=name, status=refused.status)
             return refused
-        planned = run(c, await _body(request))
+        body = await _body(request)
+        reason = actions.reason_of(body)
+        if reason is None:
+            return _json({"error": "BAD_REQUEST", "message": actions.NO_REASON}, 400)
+        actor = audit.Actor(audit.console_who(c.settings.token), reason)
+        planned = plan(actions.Asked(c.settings, c.status_data(), actor, body))
         if isinstance(planned, str):
             return _json({"error": "BAD_REQUEST", "message": planned}, 400)
         call, wait_s = planned
@@ -291,29 +319,11 @@ def action(
             result = {"status": "NO_ANSWER", "message": f"no answer within {wait_s:g} s: see the status now"}
         except LookupError as e:
             result = {"status": "NOT_FOUND", "message": str(e)}
-        log.info("console_action", action=name, status=result.get("status") or result.get("error"))
+        log.info("console_action", action=name, status=result.get("status") or result.get("error"),
+                 audited="audit" in result)  # fmt: skip
         return _json(result)
 
     return handler
-
-
-def _switchover(c: Console, body: dict[str, Any]) -> tuple[Callable[[], dict[str, Any]], float] | str:
-    candidate = body.get("candidate") or None
-    timeout_ms = body.get("timeout_ms", 5000)
-    if candidate is not None and not isinstance(candidate, str):
-        return "candidate: an instance address or uuid"
-    if not isinstance(timeout_ms, int) or not 100 <= timeout_ms <= 60_000:
-        return "timeout_ms: 100..60000"
-    access = c.settings.access
-    return (lambda: cluster.switchover(access, candidate, timeout_ms)), timeout_ms / 1000 + ACTION_MARGIN_S
-
-
-def _rejoin(c: Console, body: dict[str, Any]) -> tuple[Callable[[], dict[str, Any]], float] | str:
-    instance, force = body.get("instance"), bool(body.get("force", False))
-    if not isinstance(instance, str) or not instance:
-        return "instance: the address or uuid of the instance to rebuild"
-    access = c.settings.access
-    return (lambda: cluster.rejoin(access, instance, force=force)), 30.0 + ACTION_MARGIN_S
 
 
 async def index(request: web.Request) -> web.FileResponse:
@@ -344,10 +354,11 @@ def make_app(settings: Settings) -> web.Application:
     app.router.add_get("/api/status", status)
     app.router.add_get("/api/services", services)
     app.router.add_get("/api/rates", rates)
-    app.router.add_get("/api/sessions", sessions)
+    app.router.add_get("/api/sessions", session_lookup)
     app.router.add_get("/api/events", events)
     app.router.add_get("/api/leader-changes", leader_changes)
-    app.router.add_post(ACTION_ROUTES[0], action("switchover", _switchover))
-    app.router.add_post(ACTION_ROUTES[1], action("rejoin", _rejoin))
+    app.router.add_get("/api/audit", audit_entries)
+    for route, (name, plan) in actions.ROUTES.items():
+        app.router.add_post(route, action(name, plan))
     app.router.add_static("/static/", STATIC)
     return app

@@ -10,6 +10,9 @@ service's variable) it refuses to start (exit 2).
 Tarantool is asked as the operator user, like ``smartcache-cli cluster``:
 ``SMARTCACHE_OPERATOR_USER`` (default operator) and
 ``SMARTCACHE_OPERATOR_PASSWORD`` or ``_FILE`` (development default operator).
+Sessions are read from the instances' operator HTTP (sessions.py), whose data
+routes want the instances' own ``SC_HTTP_TOKEN`` (or ``SC_HTTP_TOKEN_FILE``)
+when they have one: the console reads the same variable.
 
 The variables are read with the service's reader (smartcache.settings.Environment: a value is
 stripped, an empty one is unset, a secret comes from the variable or its ``_FILE``, never both),
@@ -91,6 +94,8 @@ class Settings:
     publishers: str
     token: str = field(default="", repr=False)
     metrics_token: str = field(default="", repr=False)
+    #: the instances' SC_HTTP_TOKEN, for their operator HTTP's data routes ("": they have none)
+    http_token: str = field(default="", repr=False)
     production: bool = False
     poll_s: float = POLL_S
     storage_poll_s: float = STORAGE_POLL_S
@@ -131,9 +136,11 @@ def parser() -> argparse.ArgumentParser:
     offset = port_offset()
     p = argparse.ArgumentParser(
         prog="smartcache-console",
-        description="The operator's console: topology, services, rates, sessions, events and the actions "
-        "(switchover, rejoin) in a browser. Read-only without the operator token ($SMARTCACHE_CONSOLE_TOKEN or "
-        "_FILE, else $SMARTCACHE_METRICS_TOKEN); in production ($SMARTCACHE_ENV=production) it needs one.",
+        description="The operator's console: topology, services, rates, sessions, events, the audit log and the "
+        "actions (switchover, rejoin, reveal of session data, log out everywhere) in a browser. Read-only without "
+        "the operator token ($SMARTCACHE_CONSOLE_TOKEN or _FILE, else $SMARTCACHE_METRICS_TOKEN); in production "
+        "($SMARTCACHE_ENV=production) it needs one. Sessions are read from the instances' operator HTTP: with their "
+        "SC_HTTP_TOKEN (or _FILE) set, set it here too.",
     )
     p.add_argument(
         "--listen",
@@ -192,7 +199,10 @@ def from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None =
         cluster=a.cluster,
     )
     metrics_token = r.secret("METRICS_TOKEN", "")
+    tarantool_env = Environment(os.environ if env is None else env, prefix="SC_")
+    http_token = tarantool_env.secret("HTTP_TOKEN", "")
     r.check()
+    tarantool_env.check()
     return Settings(
         host=host,
         port=port,
@@ -201,6 +211,7 @@ def from_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None =
         publishers=a.publishers,
         token=token,
         metrics_token=metrics_token,
+        http_token=http_token,
         production=production,
         answer_timeout_s=a.timeout,
         scrape_s=a.scrape_s,

@@ -233,7 +233,14 @@ function drawLeaderChanges(doc) {
     el("td", {}, c.to || "none"), el("td", {}, c.term ?? ""))));
 }
 
-// -- sessions ---------------------------------------------------------------------------
+// -- sessions -----------------------------------------------------------------------------
+
+// A session id is a credential: the lookup never sends one (the console would refuse it too, saying the same).
+const UUID_LIKE = /^(urn:uuid:)?\{?[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\}?$/i;
+const REFUSED_ID = "that is a session id (a UUID): a session id is a credential (whoever holds it is the customer), " +
+  "so the console never takes one. Look the session up by its client id, or by its handle (h and 26 letters and " +
+  "digits, as session lists and events show it)";
+const HANDLE = /^h[a-z2-7]{26}$/;
 
 function shownData(d) {
   if (d === null || d === undefined) return "";
@@ -241,26 +248,64 @@ function shownData(d) {
   return JSON.stringify(d);
 }
 
+// What was typed, or null (said in the box) when it is a session id or nothing.
+function query() {
+  const box = $("sessions");
+  const q = $("session-query").value.trim();
+  if (!q) { box.replaceChildren(el("p", { class: "problem refused" }, "type a client id or a session's handle")); return null; }
+  if (UUID_LIKE.test(q)) {
+    $("session-query").value = "";  // not kept in the page either
+    box.replaceChildren(el("p", { class: "problem refused", id: "session-refused" }, `refused: ${REFUSED_ID}`));
+    return null;
+  }
+  return q;
+}
+
+function drawSessions(doc, q) {
+  const rows = (doc.sessions || []).map((s) => el("tr", { "data-handle": s.handle }, el("td", {}, s.handle),
+    el("td", {}, s.client_id || ""), el("td", {}, s.version || ""), el("td", {}, s.rev ?? ""),
+    el("td", {}, since(s.updated_at_ms)), el("td", {}, seconds((s.expires_in_ms || 0) / 1000)),
+    el("td", {}, seconds((s.absolute_expires_in_ms || 0) / 1000)), el("td", {}, s.device || ""),
+    el("td", {}, s.bound ? "yes" : ""), el("td", { class: "data" }, shownData(s.data))));
+  const head = el("tr", {}, ...["handle", "client", "version", "rev", "updated", "expires in", "ends in at most",
+    "device", "bound", "data"].map((h) => el("th", {}, h)));
+  const what = HANDLE.test(q) ? "handle" : "client";
+  $("sessions").replaceChildren(el("p", { class: "muted" },
+    `${rows.length} session(s)${doc.count > rows.length ? ` of ${doc.count}` : ""} for this ${what}` +
+    (doc.revealed ? ": data revealed (written to the audit)" : "")),
+  el("table", { class: "grid", id: "session-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
+}
+
 async function lookUp(ev) {
   ev.preventDefault();
-  const client = $("session-client").value.trim(), sid = $("session-id").value.trim();
-  const q = new URLSearchParams(client ? { client_id: client } : { session_id: sid });
-  if ($("session-reveal").checked) q.set("reveal", "1");
+  const q = query();
+  if (q === null) return;
   const box = $("sessions");
   box.replaceChildren(el("p", { class: "muted" }, "asking…"));
   try {
-    const { status, doc } = await getJSON("/api/sessions?" + q, $("session-reveal").checked ? authHeaders() : {});
+    const { status, doc } = await getJSON("/api/sessions?" + new URLSearchParams({ q }));
     if (status !== 200) { box.replaceChildren(el("p", { class: "problem refused" }, `refused: ${status} ${doc.error}: ${doc.message}`)); return; }
-    const rows = (doc.sessions || []).map((s) => el("tr", { "data-session": s.session_id }, el("td", {}, s.session_id),
-      el("td", {}, s.client_id || client), el("td", {}, s.version || ""), el("td", {}, s.rev ?? ""),
-      el("td", {}, since(s.updated_at_ms)), el("td", {}, seconds((s.expires_in_ms || 0) / 1000)),
-      el("td", {}, s.device || ""), el("td", { class: "data" }, shownData(s.data))));
-    const head = el("tr", {}, ...["session", "client", "version", "rev", "updated", "expires in", "device", "data"].map((h) => el("th", {}, h)));
-    box.replaceChildren(el("p", { class: "muted" }, `${rows.length} session(s)${doc.count > rows.length ? ` of ${doc.count}` : ""}`),
-      el("table", { class: "grid", id: "session-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
+    drawSessions(doc, q);
   } catch (e) {
     box.replaceChildren(el("p", { class: "problem" }, `no answer: ${e}`));
   }
+}
+
+function askReveal() {
+  const q = query();
+  if (q === null) return;
+  confirmThen(`Reveal the data of ${HANDLE.test(q) ? "the session" : "the sessions of client"} ${q}? It is written to ` +
+    "the audit log with your token's id and the reason.", q, async (reason) => {
+    const doc = await post("/api/actions/reveal", { query: q, reason });
+    if (doc && doc.status === "OK") drawSessions({ ...doc, revealed: true }, q);
+  });
+}
+
+function askLogout() {
+  const q = query();
+  if (q === null) return;
+  confirmThen(`End every session of client ${q} (log out everywhere)? Its devices must log in again.`, q,
+    (reason) => post("/api/actions/logout", { client_id: q, reason }));
 }
 
 // -- actions ----------------------------------------------------------------------------
@@ -272,9 +317,14 @@ function confirmThen(text, expected, run) {
   $("confirm-text").textContent = text;
   $("confirm-expected").textContent = expected;
   $("confirm-input").value = "";
+  $("confirm-reason").value = "";
   $("confirm-go").disabled = true;
   $("confirm").showModal();
   $("confirm-input").focus();
+}
+
+function confirmable() {
+  return $("confirm-input").value.trim() === pending?.expected && $("confirm-reason").value.trim() !== "";
 }
 
 function showResult(ok, text) {
@@ -284,17 +334,22 @@ function showResult(ok, text) {
   r.textContent = text;
 }
 
+// The action's answer is shown (a reveal's sessions are drawn in their table instead) and returned.
 async function post(path, body) {
   showResult(true, `${path}: asked…`);
   try {
     const r = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() },
       body: JSON.stringify(body) });
     const doc = await r.json();
-    if (r.status === 401 || r.status === 403) { showResult(false, `refused: ${r.status} ${doc.error}: ${doc.message}`); return; }
+    if (r.status === 401 || r.status === 403 || r.status === 400) { showResult(false, `refused: ${r.status} ${doc.error}: ${doc.message}`); return null; }
     const ok = r.ok && doc.status === "OK";
-    showResult(ok, `${ok ? "done" : "not done"}: ${JSON.stringify(doc)}`);
+    const shown = { ...doc };
+    if (shown.sessions) shown.sessions = `${shown.sessions.length} shown below`;
+    showResult(ok, `${ok ? "done" : "not done"}: ${JSON.stringify(shown)}`);
+    return doc;
   } catch (e) {
     showResult(false, `no answer: ${e}`);
+    return null;
   }
 }
 
@@ -302,12 +357,25 @@ function askSwitchover() {
   const leader = current.leader;
   if (!leader) { showResult(false, "no leader now: nothing to hand over"); return; }
   confirmThen(`Hand over from the leader ${leader} to the most up-to-date follower? Writes pause for the hand-over.`,
-    leader, () => post("/api/actions/switchover", {}));
+    leader, (reason) => post("/api/actions/switchover", { reason }));
 }
 
 function askRejoin(i) {
   confirmThen(`Rebuild ${i.name || i.address} from the leader? It restarts empty and copies the leader's data.`,
-    i.address, () => post("/api/actions/rejoin", { instance: i.address, force: !i.diverged }));
+    i.address, (reason) => post("/api/actions/rejoin", { instance: i.address, force: !i.diverged, reason }));
+}
+
+// -- the audit log ------------------------------------------------------------------------
+
+function drawAudit(doc) {
+  $("audit-note").textContent = doc.ok ? "operator actions, newest first" : `(${doc.error})`;
+  $("audit").replaceChildren(...(doc.entries || []).slice(0, 20).map((a) => {
+    const d = a.details || {};
+    return el("tr", { "data-seq": a.seq, "data-action": a.action },
+      el("td", {}, since(a.time_ms)), el("td", {}, a.shard ? `${a.shard}:${a.seq}` : a.seq), el("td", {}, a.who),
+      el("td", {}, a.action), el("td", {}, clipped(a.target)), el("td", {}, [d.phase, d.status].filter(Boolean).join(" ")),
+      el("td", {}, clipped(a.reason)));
+  }));
 }
 
 // -- the loop -----------------------------------------------------------------------------
@@ -316,12 +384,13 @@ async function tick() {
   const started = Date.now();
   const problems = [];
   try {
-    const [st, sv, ev, lc] = await Promise.all([getJSON("/api/status"), getJSON("/api/services"),
-      getJSON("/api/events"), getJSON("/api/leader-changes")]);
+    const [st, sv, ev, lc, au] = await Promise.all([getJSON("/api/status"), getJSON("/api/services"),
+      getJSON("/api/events"), getJSON("/api/leader-changes"), getJSON("/api/audit")]);
     drawStatus(st.doc, problems);
     drawServices(sv.doc, problems);
     drawEvents(ev.doc);
     drawLeaderChanges(lc.doc);
+    drawAudit(au.doc);
     $("updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
     problems.push(`console: no answer (${e})`);
@@ -336,16 +405,19 @@ async function ratesTick() {
 }
 
 $("session-form").addEventListener("submit", lookUp);
+$("session-reveal").addEventListener("click", askReveal);
+$("session-logout").addEventListener("click", askLogout);
 $("token-form").addEventListener("submit", (ev) => ev.preventDefault());
 $("switchover-button").addEventListener("click", askSwitchover);
-$("confirm-input").addEventListener("input", () => { $("confirm-go").disabled = $("confirm-input").value.trim() !== pending?.expected; });
+for (const id of ["confirm-input", "confirm-reason"]) $(id).addEventListener("input", () => { $("confirm-go").disabled = !confirmable(); });
 $("confirm-cancel").addEventListener("click", () => { pending = null; $("confirm").close(); });
 $("confirm-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const p = pending;
   pending = null;
   $("confirm").close();
-  if (p && $("confirm-input").value.trim() === p.expected) p.run();
+  const reason = $("confirm-reason").value.trim();
+  if (p && $("confirm-input").value.trim() === p.expected && reason) p.run(reason);
 });
 tick();
 ratesTick();

@@ -1,19 +1,8 @@
-"""Session lookups and the event tail, through the client library, as a front server would ask.
+"""The event tail: the last events of the log, followed through the client library as a front server would.
 
-Sessions: by client id, ``SESSION_LIST`` (metadata; it never carries data), and
-only when the data is revealed ``SESSION_GET`` for each of at most ``MAX_LISTED``
-sessions; by session id, ``SESSION_GET``. ``SESSION_GET`` refreshes the session's
-sliding expiry, as every read through the service does (the Tarantool operator
-HTTP reads without refreshing, but needs each instance's HTTP port and its own
-token): a masked lookup by client id, the usual one, reads nothing and changes
-nothing. Data is masked (``"••••"``, with its size in msgpack bytes when it was
-read) unless the caller asked to reveal it and gave the operator token (app.py
-decides). Nothing
-here logs: session data and ids never reach the console's log.
-
-Events: one thread follows the log with ``Client.subscribe`` from the last
-``EVENTS_KEPT`` events before the head, into a bounded deque; payloads are
-shown by size only (they may carry session data).
+One thread follows the log with ``Client.subscribe`` from the last ``EVENTS_KEPT`` events before
+the head, into a bounded deque; payloads are shown by size only (they may carry session data),
+keys as the events carry them (a session's handle: never its id, issue 37). Nothing here logs.
 """
 
 from __future__ import annotations
@@ -22,70 +11,15 @@ import collections
 import contextlib
 import threading
 import time
-import uuid
 from typing import Any
 
-import msgpack
-
 from smartcache.client import Client
+from smartcache.console.sessions import masked
 from smartcache.wire.errors import CursorTooOld, RequestError
 
-MAX_LISTED = 20
 EVENTS_KEPT = 50
-MASK = "••••"
 #: how long the event tail waits before it subscribes again after an error
 RESUBSCRIBE_S = 2.0
-
-
-def masked(data: Any) -> dict[str, Any]:
-    """What the page shows of a value it may not reveal: the mask and the value's size."""
-    return {"masked": MASK, "bytes": len(msgpack.packb(data, use_bin_type=True))}
-
-
-def _text(value: Any) -> Any:
-    """Session ids as UUID text; other bytes as hex."""
-    if isinstance(value, bytes):
-        return str(uuid.UUID(bytes=value)) if len(value) == 16 else value.hex()
-    return value
-
-
-def _one(c: Client, sid: uuid.UUID, reveal: bool) -> dict[str, Any] | None:
-    reply = c.session_get(sid)
-    if not reply.ok:
-        return None
-    body = dict(reply.body)
-    data = body.pop("data", None)
-    body = {k: _text(v) for k, v in body.items() if k != "status"}
-    return {"session_id": str(sid), **body, "data": data if reveal else masked(data)}
-
-
-def sessions(
-    endpoint: str,
-    timeout_s: float,
-    *,
-    client_id: str | None = None,
-    session_id: str | None = None,
-    reveal: bool = False,
-) -> dict[str, Any]:
-    """A client's sessions or one session, data masked unless reveal; raises ValueError on a bad id."""
-    with Client(endpoint, timeout_s=timeout_s) as c:
-        if session_id is not None:
-            found = _one(c, uuid.UUID(session_id), reveal)
-            return {"sessions": [found] if found else [], "session_id": session_id}
-        assert client_id is not None
-        reply = c.session_list(client_id)
-        if not reply.ok:
-            return {"error": str(reply.status), "sessions": []}
-        out = []
-        listed = reply.body.get("sessions") or []
-        for listed_meta in listed[:MAX_LISTED]:
-            meta = {k: _text(v) for k, v in listed_meta.items()}
-            if not reveal:  # not read: its expiry is left as it is
-                out.append({**meta, "data": {"masked": MASK}})
-                continue
-            one = _one(c, uuid.UUID(meta["session_id"]), reveal)
-            out.append({**meta, "data": one["data"] if one else None})
-        return {"client_id": client_id, "sessions": out, "count": len(listed), "shown": len(out)}
 
 
 class EventTail(threading.Thread):
