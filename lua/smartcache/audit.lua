@@ -169,6 +169,12 @@ local function loop()
     end
 end
 
+-- For sc.stats: the newest entry's seq, and what the retention did.
+function M.stats()
+    return {head_seq = box.space.audit and M.head() or box.NULL, swept = M.swept, errors = M.errors,
+            retention_days = M.retention_days}
+end
+
 -- The retention fiber (smartcache.runtime, on every instance: it does nothing where it may not write).
 function M.start()
     if M.fiber == nil or M.fiber:status() == 'dead' then

@@ -8,6 +8,7 @@ local disk = require('smartcache.disk')
 local failover = require('smartcache.failover')
 local coordination = require('smartcache.coordination')
 local sessions = require('smartcache.sessions')
+local audit = require('smartcache.audit')
 
 local M = {}
 
@@ -36,6 +37,7 @@ function M.stats()
         session_refreshes = sessions.refreshes(),
         synchronous = quorum.stats(),
         workarounds = compat.active(),  -- the Tarantool version workarounds on (smartcache.compat)
+        audit = audit.stats(),  -- the operators' audit log: its head, the retention's deletions and errors
     })
 end
 
