@@ -65,16 +65,16 @@ def test_each_change_reaches_a_subscriber_of_the_other_instance_in_order(storage
         eventually(lambda: _reading(a) and _reading(b), what="both readers started")
         with b.client.subscribe(["session.", "device."], publishers=_publisher(b)) as sub:
             created = a.client.session_create("client-ev", data={"n": 0})
-            sid = str(created.session_id)
+            sid, handle = created.session_id, created.body["handle"]  # events name a session by handle
             assert a.client.session_update(sid, {"n": 1}).ok
             assert a.client.session_delete(sid).ok
-            assert a.client.device_bind(f"{sid}-dev", "client-ev").ok
-            got = _take(sub, 4, sid)
+            assert a.client.device_bind(f"{handle}-dev", "client-ev").ok
+            got = _take(sub, 4, handle)
     assert [(e.topic, e.key) for e in got] == [
-        ("session.created", sid),
-        ("session.updated", sid),
-        ("session.deleted", sid),
-        ("device.bound", f"{sid}-dev"),
+        ("session.created", handle),
+        ("session.updated", handle),
+        ("session.deleted", handle),
+        ("device.bound", f"{handle}-dev"),
     ]
     assert [e.seq for e in got] == sorted(e.seq for e in got)
     assert got[0].payload == {"client_id": "client-ev"}
@@ -85,7 +85,7 @@ def test_with_nothing_connected_the_publisher_keeps_up_and_a_late_subscriber_rea
     eventually(lambda: _reading(svc), what="the reader started")
     assert metric(svc.metrics_url, "smartcache_events_subscribers") == 0
     start = svc.client.call("EVENTS_READ").body["head_seq"]
-    sids = [str(svc.client.session_create("client-unwatched").session_id) for _ in range(5)]
+    sids = [svc.client.session_create("client-unwatched").body["handle"] for _ in range(5)]
     head = svc.client.call("EVENTS_READ").body["head_seq"]
     # Nobody listens: no message is built, but the cursor and the metrics follow the log (in batches).
     eventually(lambda: metric(svc.metrics_url, "smartcache_events_published_seq") >= head, what="cursor at the head")
@@ -331,10 +331,11 @@ def test_a_session_expired_event_comes_at_the_deadline_whatever_the_longest_swee
             time.sleep(1.5)  # the sweeper's first nap on an empty space is the longest: 30 s
             with r.client.subscribe(["session.expired"], publishers=_publisher(r)) as sub:
                 created = time.monotonic()
-                sid = str(r.client.session_create("client-sweep", ttl_s=1).session_id)
-                got = _take(sub, 1, sid, timeout_s=10)
+                handle = r.client.session_create("client-sweep", ttl_s=1).body["handle"]
+                got = _take(sub, 1, handle, timeout_s=10)
                 took = time.monotonic() - created
     finally:
         storage.stop()
     assert got[0].topic == "session.expired"
+    assert got[0].payload == {"client_id": "client-sweep", "reason": "idle"}
     assert 1.0 <= took < 1.5, f"session.expired {took:.2f} s after a 1 s session was created"

@@ -18,7 +18,13 @@ def test_live_and_ready_answer_200_with_their_checks(storage: Tarantool) -> None
         live, ready = _get(r, "/health/live"), _get(r, "/health/ready")
     assert (live.status_code, live.json()) == (200, {"status": "pass", "checks": {"broker": True}, "failing": []})
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"broker": True, "accepting": True, "workers": True, "storage": True}
+    assert ready.json()["checks"] == {
+        "broker": True,
+        "accepting": True,
+        "workers": True,
+        "storage": True,
+        "session_key": True,
+    }
     assert ready.headers["content-type"] == "application/json"
 
 

@@ -67,7 +67,8 @@ def test_session_lifecycle_happy_path_and_statuses(svc: Running) -> None:
     assert c.session_update(sid, {"step": 3}, expected_rev=1).status == "CONFLICT"
     assert c.session_create("client-a", session_id=sid).status == "ALREADY_EXISTS"
     listed = c.session_list("client-a").body["sessions"]
-    assert [uuid.UUID(bytes=s["session_id"]) for s in listed] == [sid]
+    assert [s["handle"] for s in listed] == [created.body["handle"]]  # a handle, never the id (issue 37)
+    assert "session_id" not in listed[0]
     c.cache_put("wizard", {"page": 3}, session_id=sid)
     deleted = c.session_delete(sid)
     assert (deleted.status, deleted.body["cache_deleted"]) == ("OK", 1)

@@ -51,12 +51,14 @@ BASE: dict[str, dict[str, Any]] = {
     "QUEUE_RELEASE": {"name": "@", "task_id": 1},
     "QUEUE_STATS": {"name": "@"},
     "SESSION_CREATE": {"client_id": "limits"},
+    "SESSION_GET": {},
     "SESSION_TOUCH": {},
     "SESSION_UPDATE": {"data": 1},
     "SESSION_DELETE": {},
     "SESSION_ROTATE": {},
     "SESSION_DELETE_CLIENT": {"client_id": "limits-out"},
     "CACHE_PUT": {"key": "@", "data": 1},
+    "CACHE_GET": {"key": "@"},
     "CACHE_DELETE": {"key": "@"},
     "DEVICE_BIND": {"device_id": "@", "client_id": "limits"},
     "EVENT_PUBLISH": {"topic": "app.limits"},
@@ -147,8 +149,8 @@ def _probe(c: Client, field: str, value: Any) -> tuple[str, str]:
     body = {k: (_name() if v == "@" else v) for k, v in BASE[type_name].items()}
     body[name] = value
     session = None
-    if REGISTRY.types[type_name].session == "required":
-        session = c.session_create("limits").session_id
+    if REGISTRY.types[type_name].session == "required" or name == "binding" or type_name == "SESSION_DELETE":
+        session = c.session_create("limits").session_id  # a binding acts on a session; SESSION_DELETE names one
     reply = c.call(type_name, body, session_id=session, lifetime_ms=PROBE_LIFETIME_MS)
     return str(reply.status), str(reply.body.get("message", ""))
 

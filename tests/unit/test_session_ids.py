@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import tomllib
 import uuid
 from typing import Any
 
@@ -13,7 +14,9 @@ import pytest
 from smartcache.server.config import Settings
 from smartcache.server.handlers.routes import ALL_HANDLERS
 from smartcache.server.sessionids import KeyCheck, SessionIds, uuid_text
+from smartcache.server.work.execute import BINDING_MAX_BYTES, BINDING_MIN_BYTES
 from smartcache.wire import NO_SESSION, STATUS, buckets
+from smartcache.wire.registry import REGISTRY_PATH
 from smartcache.wire.sessionkeys import binding_digest, derive, handle
 from tests.unit.stubs import SESSION, StubStorage, sample
 from tests.unit.test_execute import context, job, reply_of, run
@@ -212,3 +215,14 @@ def test_a_not_found_about_a_session_is_marked_a_miss_and_a_live_sessions_missin
     assert answer("CACHE_GET", {"key": "k"}, {"status": "NOT_FOUND", "message": "session is not live"})
     assert not answer("CACHE_GET", {"key": "k"}, {"status": "NOT_FOUND"})
     assert not answer("SESSION_GET", {}, {"status": "OK"})
+
+
+def test_a_binding_is_checked_for_its_length_here_since_storage_sees_its_digest() -> None:
+    limit = tomllib.loads(REGISTRY_PATH.read_text())["limits"]["binding"]
+    assert (limit["min"], limit["max"]) == (BINDING_MIN_BYTES, BINDING_MAX_BYTES)
+    for value, ok in (("", False), ("é" * 128, True), ("x" * 257, False)):
+        storage = StubStorage()
+        _, b = reply_of(run(job("SESSION_GET", {"binding": value}, session_id=SESSION), ALL_HANDLERS, _ctx(storage)))
+        assert (b["status"] == STATUS["OK"]) is ok
+        if not ok:
+            assert b["message"] == "binding must be a string of 1..256 bytes"

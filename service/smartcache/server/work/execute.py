@@ -41,6 +41,8 @@ _SESSION_TYPES = frozenset(name for name in REGISTRY.types if name.startswith("S
 _MISS_TYPES = frozenset({"SESSION_GET", "SESSION_TOUCH", "SESSION_UPDATE", "SESSION_DELETE", "SESSION_ROTATE"})
 #: a cache type's NOT_FOUND says so only with this message (a live session's missing key has none)
 _NOT_LIVE = "session is not live"
+#: a session's binding, in bytes (proto/protocol.toml [limits.binding])
+BINDING_MIN_BYTES, BINDING_MAX_BYTES = 1, 256
 
 
 class Answer(NamedTuple):
@@ -72,7 +74,7 @@ async def execute(job: Job, context: Context, handlers: Mapping[str, Handler], m
     except ProtocolError as e:
         context.metrics.bad_input.labels(label(e.transport_error)).inc()
         return failure(e.transport_error, str(e))
-    problem = spec.check_request(body) or _session_problem(spec.session, header.session_id)
+    problem = spec.check_request(body) or _session_problem(spec.session, header.session_id) or _binding_problem(body)
     if problem is not None:
         return reply(job.header, spec, {"status": "BAD_REQUEST", "message": problem})
     sessions = context.sessions
@@ -120,6 +122,14 @@ def reply(header_frame: bytes, spec: MessageSpec, result: dict[str, Any], sessio
         frame = with_flags(frame, flags)
     log.debug("request_done", type=spec.name, status=status)  # a no-op below DEBUG (filtering logger)
     return Answer(outcome=status, frames=(frame, encode_body(result)))
+
+
+def _binding_problem(body: dict[str, Any]) -> str | None:
+    """A binding reaches storage as its SHA-256, so its length is checked here (storage sees 64 characters)."""
+    value = body.get("binding")
+    if value is not None and not BINDING_MIN_BYTES <= len(value.encode()) <= BINDING_MAX_BYTES:
+        return f"binding must be a string of {BINDING_MIN_BYTES}..{BINDING_MAX_BYTES} bytes"
+    return None
 
 
 def _session_problem(rule: str, session_id: bytes) -> str | None:
