@@ -248,7 +248,8 @@ def test_a_write_whose_answer_is_late_is_outcome_unknown_and_a_keyed_retry_appli
             assert e.value.transport_error == "OUTCOME_UNKNOWN"
             proxy.set_mode("pass")
             with connect(fresh_master) as m:
-                eventually(lambda: call(m, "session_get", str(sid))["rev"] == 2, what="the late write was applied")
+                stored = r.service.sessions.stored(sid.bytes)  # storage knows the session by its stored id
+                eventually(lambda: call(m, "session_get", stored)["rev"] == 2, what="the late write was applied")
             again = eventually(lambda: _ok_or_none(lambda: c.session_update(sid, {"n": 1}, idempotency_key=key)))
             assert again.body["rev"] == 2
             assert again.body["replayed"] is True
