@@ -183,20 +183,23 @@ if M.session_limit_policy ~= 'refuse' and M.session_limit_policy ~= 'evict_oldes
     error(string.format('SC_SESSION_LIMIT_POLICY must be refuse or evict_oldest, got %s', M.session_limit_policy))
 end
 -- SC_SESSION_MAX_LIFETIME_S (60..31536000): a session's absolute lifetime when SESSION_CREATE names no
--- max_lifetime_s (ms here); no refresh moves its deadline past created_at + this (issue 37).
-M.MIN_LIFETIME_S, M.MAX_LIFETIME_S = 60, 31536000
+-- max_lifetime_s (ms here); no refresh moves its deadline past created_at + this (issue 37). The ranges
+-- here are the registry's (proto/protocol.toml limits.max_lifetime_s, limits.grace_ms): a request's
+-- max_lifetime_s and grace_ms are checked against them too.
+M.limits = {lifetime_s = {min = 60, max = 31536000}, grace_ms = {min = 0, max = 60000}}
 M.session_max_lifetime_ms = util.env_number('SC_SESSION_MAX_LIFETIME_S', 43200) * 1000
-if M.session_max_lifetime_ms < M.MIN_LIFETIME_S * 1000 or M.session_max_lifetime_ms > M.MAX_LIFETIME_S * 1000 then
-    error(string.format('SC_SESSION_MAX_LIFETIME_S must be in %d..%d, got %s', M.MIN_LIFETIME_S, M.MAX_LIFETIME_S,
-        M.session_max_lifetime_ms / 1000))
+local lifetime_s = M.session_max_lifetime_ms / 1000
+if lifetime_s < M.limits.lifetime_s.min or lifetime_s > M.limits.lifetime_s.max then
+    error(string.format('SC_SESSION_MAX_LIFETIME_S must be in %d..%d, got %s', M.limits.lifetime_s.min,
+        M.limits.lifetime_s.max, lifetime_s))
 end
 -- SC_ROTATE_GRACE_MS (0..60000): how long the old id of a rotated session keeps answering reads when
 -- SESSION_ROTATE names no grace_ms (0: gone at the rotation's commit, as before revision 11).
-M.MAX_GRACE_MS = 60000
 M.rotate_grace_ms = util.env_number('SC_ROTATE_GRACE_MS', 5000)
-if M.rotate_grace_ms < 0 or M.rotate_grace_ms > M.MAX_GRACE_MS
+if M.rotate_grace_ms < M.limits.grace_ms.min or M.rotate_grace_ms > M.limits.grace_ms.max
         or M.rotate_grace_ms ~= math.floor(M.rotate_grace_ms) then
-    error(string.format('SC_ROTATE_GRACE_MS must be an integer in 0..%d, got %s', M.MAX_GRACE_MS, M.rotate_grace_ms))
+    error(string.format('SC_ROTATE_GRACE_MS must be an integer in 0..%d, got %s', M.limits.grace_ms.max,
+        M.rotate_grace_ms))
 end
 -- SC_AUDIT_RETENTION_DAYS: the operators' audit entries go once this many days old (never the newest).
 M.audit_retention_days = util.env_number('SC_AUDIT_RETENTION_DAYS', 400)

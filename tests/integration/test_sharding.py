@@ -13,6 +13,7 @@ import random
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,15 +27,22 @@ from smartcache.devstack.etcd import EtcdCluster
 from smartcache.devstack.stack import Tarantool
 from smartcache.ops import cluster
 from smartcache.server.app import Service
-from smartcache.server.config import Settings
+from smartcache.server.config import ZERO_SESSION_KEY, Settings
 from smartcache.server.storage.shards import BucketMap
-from smartcache.wire import buckets, topology
+from smartcache.wire import buckets, sessionkeys, topology
 from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
 from tests.integration.conftest_ha import HACluster, ha_env
 
 pytestmark = pytest.mark.slow
+
+
+def stored(raw: Any) -> str:
+    """The stored id storage keys a session by: the raw id a client holds, derived with the services' key (these
+    tests give none: the all-zero development key). It keeps the raw id's bucket (PROTOCOL.md 4)."""
+    return str(uuid.UUID(bytes=sessionkeys.derive(ZERO_SESSION_KEY, raw.bytes)))
+
 
 SHARDS = ("s1", "s2")
 BUCKETS = 16
@@ -138,8 +146,9 @@ def test_every_key_lives_on_the_shard_its_bucket_names_and_the_other_refuses_it(
             created = c.session_create(client, data={"i": i})
             assert created.ok, created
             assert created.session_id is not None
-            sid = str(created.session_id)
+            sid = stored(created.session_id)
             assert buckets.session_bucket(created.session_id.bytes) == buckets.bucket_of(client, BUCKETS)
+            assert buckets.session_bucket(uuid.UUID(sid).bytes) == buckets.bucket_of(client, BUCKETS)
             home = placed[sid] = _home(bucket_map, client)
             assert c.session_get(created.session_id).ok
             assert c.cache_put("k", {"i": i}, session_id=created.session_id).ok
@@ -152,7 +161,7 @@ def test_every_key_lives_on_the_shard_its_bucket_names_and_the_other_refuses_it(
             expected["registers"][_home(bucket_map, f"reg-{i}")] += 1
             assert c.queue_put(f"q-{i}", {"i": i}).ok
             expected["queue_tasks"][_home(bucket_map, f"q-{i}")] += 1
-            assert c.session_list(client).body["sessions"][0]["session_id"] == created.session_id.bytes
+            assert c.session_list(client).body["sessions"][0]["handle"] == created.handle
             # From storage: the home shard holds it, the other refuses it having done nothing.
             assert two.ask(home, "session_locate", sid)["status"] == "OK"
             assert two.ask(_other(home), "session_get", sid)["status"] == "WRONG_BUCKET"
@@ -191,19 +200,19 @@ def _sessions_act_on_their_shard(c: Client, two: TwoShards, where: Callable[[str
     home, other = where("types-client")
     assert c.session_update(s.session_id, set={"b": 2}).ok
     assert c.session_touch(s.session_id).ok
-    got = two.ask(home, "session_get", str(s.session_id))
+    got = two.ask(home, "session_get", stored(s.session_id))
     assert (got["status"], got["rev"]) == ("OK", 2), got
-    assert two.ask(other, "session_get", str(s.session_id))["status"] == "WRONG_BUCKET"
-    rotated = c.session_rotate(s.session_id)
+    assert two.ask(other, "session_get", stored(s.session_id))["status"] == "WRONG_BUCKET"
+    rotated = c.session_rotate(s.session_id, grace_ms=0)
     assert rotated.session_id is not None
-    assert two.ask(home, "session_locate", str(rotated.session_id))["status"] == "OK"
-    assert two.ask(home, "session_locate", str(s.session_id))["status"] == "NOT_FOUND"
+    assert two.ask(home, "session_locate", stored(rotated.session_id))["status"] == "OK"
+    assert two.ask(home, "session_locate", stored(s.session_id))["status"] == "NOT_FOUND"
     assert c.cache_put("k", 1, session_id=rotated.session_id).ok
     assert c.cache_get("k", session_id=rotated.session_id).ok
     assert c.cache_delete("k", session_id=rotated.session_id).ok
-    assert two.ask(home, "cache_get", str(rotated.session_id), "k")["status"] == "NOT_FOUND"
+    assert two.ask(home, "cache_get", stored(rotated.session_id), "k")["status"] == "NOT_FOUND"
     assert c.session_delete(rotated.session_id).ok
-    assert two.ask(home, "session_locate", str(rotated.session_id))["status"] == "NOT_FOUND"
+    assert two.ask(home, "session_locate", stored(rotated.session_id))["status"] == "NOT_FOUND"
     for _ in range(3):
         assert c.session_create("types-client").ok
     assert c.session_delete_client("types-client").body["deleted"] == 3
@@ -336,7 +345,7 @@ def test_a_stale_map_in_one_service_costs_retries_and_no_write_in_the_wrong_plac
             r = (b if i % 2 else a).client.session_create(client, data={"i": i})
             assert r.ok, r
             assert r.session_id is not None
-            made[str(r.session_id)] = _home(bucket_map, client)
+            made[stored(r.session_id)] = _home(bucket_map, client)
             assert b.client.counter_add(f"stale-ctr-{i}", 1).ok
         refused = metric(b.metrics_url, "smartcache_storage_wrong_bucket_total")
         assert refused >= 1, "b's first call went by the stale map and was refused"
@@ -401,7 +410,7 @@ def test_one_shard_s_leader_killed_under_load_the_other_shard_writes_on_and_noth
                         continue
                     t = time.monotonic()
                     if r.ok and r.session_id is not None:
-                        acked[shard].append((t, str(r.session_id)))
+                        acked[shard].append((t, stored(r.session_id)))
                     else:
                         failed[shard].append((t, str(r.status)))
             finally:
@@ -452,7 +461,7 @@ def test_events_of_both_shards_reach_a_subscriber_each_once_gap_free_per_shard(t
             for i in range(60):
                 r = svc.client.session_create(f"ev-{i}")
                 assert r.session_id is not None
-                made[str(r.session_id)] = _home(bucket_map, f"ev-{i}")
+                made[str(r.handle)] = _home(bucket_map, f"ev-{i}")  # events name sessions by handle
             got: dict[str, list[int]] = {s: [] for s in SHARDS}
             seen: dict[str, str] = {}
             deadline = time.monotonic() + 30
@@ -490,14 +499,14 @@ def test_a_service_started_before_cluster_init_routes_by_the_map_once_it_is_made
             except RequestError:
                 return False  # STORAGE_UNAVAILABLE until it reads the map: nothing written
             assert r.session_id is not None
-            created[str(r.session_id)] = _home(bucket_map, "early-1")
+            created[stored(r.session_id)] = _home(bucket_map, "early-1")
             return True
 
         eventually(create, 15, what="sessions created once the service found the map")
         for i in range(20):
             r = svc.client.session_create(f"early-{i}")
             assert r.session_id is not None
-            created[str(r.session_id)] = _home(bucket_map, f"early-{i}")
+            created[stored(r.session_id)] = _home(bucket_map, f"early-{i}")
         for sid, home in created.items():
             assert two.ask(home, "session_locate", sid)["status"] == "OK"
         assert sum(two.rows("sessions").values()) == len(created)

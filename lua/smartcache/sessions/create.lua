@@ -104,9 +104,9 @@ local function lifetime_ms(max_lifetime_s)
         return config.session_max_lifetime_ms, nil
     end
     if type(max_lifetime_s) ~= 'number' or max_lifetime_s ~= math.floor(max_lifetime_s)
-            or max_lifetime_s < config.MIN_LIFETIME_S or max_lifetime_s > config.MAX_LIFETIME_S then
-        return nil, string.format('max_lifetime_s must be an integer in %d..%d', config.MIN_LIFETIME_S,
-            config.MAX_LIFETIME_S)
+            or max_lifetime_s < config.limits.lifetime_s.min or max_lifetime_s > config.limits.lifetime_s.max then
+        return nil, string.format('max_lifetime_s must be an integer in %d..%d', config.limits.lifetime_s.min,
+            config.limits.lifetime_s.max)
     end
     return max_lifetime_s * 1000, nil
 end

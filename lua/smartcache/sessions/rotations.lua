@@ -35,8 +35,8 @@ end
 
 local function check_grace(grace_ms)
     if grace_ms ~= nil and (type(grace_ms) ~= 'number' or grace_ms ~= math.floor(grace_ms) or grace_ms < 0
-            or grace_ms > config.MAX_GRACE_MS) then
-        return string.format('grace_ms must be an integer in 0..%d', config.MAX_GRACE_MS)
+            or grace_ms > config.limits.grace_ms.max) then
+        return string.format('grace_ms must be an integer in 0..%d', config.limits.grace_ms.max)
     end
     return nil
 end
