@@ -2,9 +2,9 @@
 --
 --   * live: a session whose deadline has passed is absent, swept or not;
 --   * the absolute deadline: no refresh moves expires_at past absolute_at (created_at + max_lifetime_s),
---     so the sweeper and NOT_FOUND need nothing new; a row of before version 9 has none, counts
---     created_at + SC_SESSION_MAX_LIFETIME_S (absent past it: alive) and gets it written at its next
---     write (refresh_ops);
+--     so the sweeper and NOT_FOUND need nothing new; a row of before version 9 has none: it counts
+--     created_at + SC_SESSION_MAX_LIFETIME_S, is absent past it (alive) and gets it written at its
+--     next write (refresh_ops);
 --   * the binding: a session created with one answers only a request that names the same one; the
 --     service gives storage its SHA-256 (hex), never the value, and storage keeps that; anything else
 --     is BINDING_MISMATCH, nothing done and nothing refreshed, with a session.binding_mismatch event
@@ -69,8 +69,8 @@ function M.deadline(t, now)
 end
 
 -- What a reply says of the deadlines, added to fields.
-function M.expiry_fields(t, now, fields, expires_at)
-    fields.expires_in_ms = (expires_at or t[F.expires_at]) - now
+function M.expiry_fields(t, now, fields)
+    fields.expires_in_ms = t[F.expires_at] - now
     fields.absolute_expires_in_ms = M.absolute(t) - now
     return fields
 end
@@ -142,8 +142,6 @@ function M.bound(t, binding)
     return binding == kept
 end
 
-local MISMATCH = {status = 'BINDING_MISMATCH'}
-
 -- The answer to a request whose binding does not match, with its event, inside the caller's
 -- transaction (a write procedure: nothing else of it is done).
 function M.mismatch(t)
@@ -152,14 +150,14 @@ function M.mismatch(t)
 end
 
 -- The same for a read, which runs in no transaction: the event in one of its own when this
--- instance may write (the answer does not wait for it: a read that cannot write still refuses).
+-- instance may write; a read that cannot write it (not writable, disk full) still refuses.
 function M.mismatch_read(t)
     if util.writable() then
         pcall(util.atomic, function()
             events.write('session.binding_mismatch', M.name(t), M.of_client(t[F.client_id]))
         end)
     end
-    return MISMATCH
+    return util.result('BINDING_MISMATCH')
 end
 
 -- The live session a READ by id answers, and whether it was reached through a rotation: id's own,
