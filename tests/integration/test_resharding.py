@@ -16,6 +16,7 @@ import random
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,8 +28,8 @@ from smartcache.cli import output
 from smartcache.client import Client
 from smartcache.devstack.etcd import EtcdCluster
 from smartcache.devstack.stack import Tarantool
-from smartcache.ops import cluster, moves
-from smartcache.wire import buckets, topology
+from smartcache.ops import audit, cluster, moves
+from smartcache.wire import buckets, sessionkeys, topology
 from smartcache.wire.errors import RequestError
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually, metric
@@ -37,6 +38,12 @@ from tests.integration.conftest_ha import TTL_S, HACluster, ha_env
 pytestmark = pytest.mark.slow
 
 BUCKETS = 32
+
+
+def stored(session_id: object) -> str:
+    """The id storage knows a session by: derived from the client's (the services here run without a key, so with
+    the all-zero one)."""
+    return str(uuid.UUID(bytes=sessionkeys.derive(sessionkeys.ZERO_KEY, uuid.UUID(str(session_id)).bytes)))
 
 
 class Shards:
@@ -198,7 +205,7 @@ class Writers:
         owner = moves.owners(shards.map())
         for sid, (client, last, unknown) in self.acked.items():
             home = owner[buckets.bucket_of(client, BUCKETS)]
-            got = shards.ask(home, "session_get", sid)
+            got = shards.ask(home, "session_get", stored(sid))
             assert got["status"] == "OK", f"{sid} of {client} acknowledged, not on {home}: {got}"
             value = (got.get("data") or {}).get("v")
             assert value == last or value in unknown, f"{sid}: v={value}, last acknowledged {last}"
@@ -252,6 +259,13 @@ def test_add_a_third_shard_and_rebalance_under_load(tmp_path: Path) -> None:
                 assert added["status"] == "OK", added
                 assert added["shards"] == ["s1", "s2", "s3"]
                 assert moves.shard_add(three.access(), "s3")["status"] == "OK"  # again: nothing changes
+                # each shard add written to the audit before it acted and with its outcome, on the map's shards
+                found = audit.read(three.access(), after={}, limit=100, shard_names=["s1", "s2", "s3"])
+                assert found["errors"] == {}, found
+                mine = [e for e in found["entries"] if e["action"] == "cluster.shard_add"]
+                assert [(e["target"], e["details"]["phase"], e["shard"]) for e in mine] == [("s3", "asked", "s1"),
+                        ("s3", "done", "s1")] * 2, mine  # fmt: skip
+                assert mine[0]["who"] == audit.UNATTENDED.who
                 publisher = a.service.events
                 assert publisher is not None
                 eventually(lambda: "s3" in publisher.cursors, 20, what="the publisher reads the new shard's log")
@@ -371,7 +385,7 @@ def test_a_move_left_past_send_done_is_finished_by_the_service_with_no_command(t
             eventually(lambda: two.ask("s1", "bucket_state", b)["state"] is None, 20, what="s1's garbage deleted")
             assert two.ask("s2", "bucket_state", b)["state"] == "active"
             assert a.client.session_update(sid, set={"v": 2}).ok
-            assert two.ask("s2", "session_get", str(sid))["data"] == {"v": 2}
+            assert two.ask("s2", "session_get", stored(sid))["data"] == {"v": 2}
             two.check_placement()
 
 
