@@ -115,7 +115,7 @@ def test_drain_without_a_name_moves_the_cluster_the_instances_run_in(
         read.append(access.cluster)
         return {"buckets": 4, "shards": ["s1", "s2"], "ranges": [[0, 1, "s1"], [2, 3, "s2"]]}, 9
 
-    monkeypatch.setattr("smartcache.ops.moves.read_map", read_map)
+    monkeypatch.setattr("smartcache.ops.moves.commands.read_map", read_map)
     assert main(["cluster", "--etcd", "http://e1", "drain", "s2", "--dry-run"]) == exits.OK
     assert read == ["make-run"]
     assert json.loads(capsys.readouterr().out)["moves"] == 2
