@@ -1,8 +1,9 @@
-"""smartcache-cli's operator commands: ``cluster`` (storage roles, switchover, rejoin) and ``keys`` (CURVE).
+"""smartcache-cli's operator commands: ``cluster`` (status, roles, members, moves, sessions-rekey) and ``keys``.
 
 They talk to Tarantool or write files, not to the service; main.py wires them
 in and prints what they return (one JSON object, the exit codes of cli/exits.py).
-Which cluster a command is about is :mod:`.clustername`'s.
+Which cluster a command is about is :mod:`.clustername`'s; how storage is reached,
+the reason every change needs and who asks, :mod:`.storage`'s; ``keys``, :mod:`.keys`'s.
 """
 
 from __future__ import annotations
@@ -11,15 +12,13 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from smartcache import extras
-from smartcache.cli import clustername, exits, storage
+from smartcache.cli import clustername, exits, keys, storage
 from smartcache.ops import etcd
 from smartcache.settings import Environment, SettingsError
 from smartcache.wire.buckets import MAX_BUCKETS
-from smartcache.wire.keys import create_key_pair
 
 COMMANDS = ("cluster", "keys")
 #: the operations that move buckets: they need the sharded cluster's name (given, else the instances')
@@ -30,11 +29,11 @@ Emit = Callable[[dict[str, Any]], None]
 def add_parsers(sub: Any) -> None:
     """The operator subcommands, on smartcache-cli's subparsers."""
     _cluster_parser(sub)
-    _keys_parser(sub)
+    keys.add_parser(sub)
 
 
 def run(a: argparse.Namespace, emit: Emit) -> int:
-    return _cluster(a, emit) if a.command == "cluster" else _keys(a, emit)
+    return _cluster(a, emit) if a.command == "cluster" else keys.run(a, emit)
 
 
 def _cluster_parser(sub: Any) -> None:
@@ -348,33 +347,3 @@ def exit_of(doc: dict[str, Any]) -> int:
     if "error" in doc or doc.get("status") == "AUDIT_UNAVAILABLE":
         return exits.UNAVAILABLE
     return exits.OK if doc.get("status") == "OK" else exits.STATUS
-
-
-def _keys_parser(sub: Any) -> None:
-    keys = sub.add_parser("keys", help="CURVE keys: generate a key pair for the service or a client")
-    kops = keys.add_subparsers(dest="operation", required=True, metavar="OPERATION", help="what to do")
-    gen = kops.add_parser(
-        "generate",
-        help="write NAME.key (public: give it to the other side) and NAME.key_secret (keep it) into DIR",
-        description="A client's NAME.key goes into the service's SMARTCACHE_CURVE_CLIENTS_DIR; the service's "
-        "NAME.key_secret is its SMARTCACHE_CURVE_SECRET_KEY_FILE, its NAME.key the clients' --server-key.",
-    )
-    gen.add_argument("directory", help="where to write the two files (created if missing)")
-    gen.add_argument("name", help="the key's name, e.g. front-1 or smartcache")
-    gen.add_argument(
-        "--permissions",
-        help="for a client key: what it may send, comma-separated type names (EVENTS_* wildcards) and groups "
-        "@read, @write, @operator (default: everything)",
-    )
-
-
-def _keys(a: argparse.Namespace, emit: Emit) -> int:
-    directory = Path(a.directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        public, secret = create_key_pair(directory, a.name, a.permissions)
-    except ValueError as e:
-        emit({"error": "BAD_ARGUMENT", "message": str(e)})
-        return exits.USAGE
-    emit({"status": "OK", "public": str(public), "secret": str(secret)})
-    return exits.OK
