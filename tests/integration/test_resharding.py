@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from smartcache.cli import output
+from smartcache.cli.main import main as cli_main
 from smartcache.client import Client
 from smartcache.devstack.etcd import EtcdCluster
 from smartcache.devstack.stack import Tarantool
@@ -247,7 +248,7 @@ class Sampler(threading.Thread):
         self.join(30)
 
 
-def test_add_a_third_shard_and_rebalance_under_load(tmp_path: Path) -> None:
+def test_add_a_third_shard_and_rebalance_under_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with make_shards(tmp_path, 3) as three:
         three.init(["s1", "s2"])
         with three.service("svc-a", events_listen="tcp://127.0.0.1:0") as a, three.service("svc-b") as b:
@@ -266,6 +267,16 @@ def test_add_a_third_shard_and_rebalance_under_load(tmp_path: Path) -> None:
                 assert [(e["target"], e["details"]["phase"], e["shard"]) for e in mine] == [("s3", "asked", "s1"),
                         ("s3", "done", "s1")] * 2, mine  # fmt: skip
                 assert mine[0]["who"] == audit.UNATTENDED.who
+                # smartcache-cli audit reads every shard's, and says where each goes on from
+                etcd_urls = ",".join(m.url for m in three.etcd.members)
+                argv = ["--json", "audit", "--tarantool", "", "--etcd", etcd_urls, "--cluster", three.name]
+                capsys.readouterr()
+                assert cli_main(argv) == 0
+                printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+                assert [e["seq"] for e in printed[:-1] if e["action"] == "cluster.shard_add"] == [
+                    e["seq"] for e in mine
+                ]
+                assert set(printed[-1]["next"]) == {"s1", "s2", "s3"}
                 publisher = a.service.events
                 assert publisher is not None
                 eventually(lambda: "s3" in publisher.cursors, 20, what="the publisher reads the new shard's log")
