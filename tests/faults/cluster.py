@@ -57,6 +57,8 @@ ETCD_LIFETIME_S = 1800  # `timeout` ends a forgotten etcd
 ASK_TIMEOUT_S = 0.3  # the observer's iproto calls: a stalled instance is "no answer", not a hang
 USER = PASSWORD = "smartcache"
 HTTP_TOKEN = "faults-token"
+#: the services' session key (issue 37): storage holds HMAC-derived stored ids, the harness derives them too
+SESSION_KEY_HEX = "5e" * 32
 
 
 def until(
@@ -197,6 +199,7 @@ class Cluster:
                 "SMARTCACHE_METRICS_ADDR": ip,
                 "SMARTCACHE_METRICS_PORT": str(METRICS_PORT),
                 "SMARTCACHE_INSTANCE_ID": name,
+                "SMARTCACHE_SESSION_KEY": SESSION_KEY_HEX,
                 "SMARTCACHE_WORKERS": "50",
                 "SMARTCACHE_LOG_LEVEL": "info",
                 **self.service_env,

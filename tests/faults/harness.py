@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from smartcache.wire import sessionkeys
 from tests.faults import checkers, disks, linear, load
 from tests.faults.checkers import SYNC_WORKLOADS, Verdict
-from tests.faults.cluster import NODES, TTL_S, Cluster, until
+from tests.faults.cluster import NODES, SESSION_KEY_HEX, TTL_S, Cluster, until
 from tests.faults.disks import Ext4Loop, Tmpfs
 from tests.faults.history import FAIL, OK, History, Op
 from tests.faults.sampler import Sampler
@@ -420,7 +421,7 @@ class Run:
         try:
             finals: dict[str, tuple[int, list[int]] | None] = {}
             for sid in self.hot:
-                r = conn.call("sc.session_get", [None, sid]).data[0]
+                r = conn.call("sc.session_get", [None, stored_id(sid)]).data[0]
                 finals[sid] = (int(r["rev"]), list(r["data"]["log"])) if r["status"] == "OK" else None
             r = conn.call("sc.counter_get", [None, self.counter]).data[0]
             counter = int(r["value"]) if r["status"] == "OK" else 0
@@ -493,13 +494,15 @@ class Run:
         self.check("no event sequence number seen twice", not twice, json.dumps(twice[:5]))
 
     def sessions_on(self, node: str) -> set[str]:
-        """The ids of the set workload's sessions that one instance holds."""
+        """The ids of the set workload's sessions that one instance holds (it lists handles: each is matched to
+        the raw id the workload sent, derived with the services' key)."""
+        raw_of = {handle_of(op.value): op.value for op in self.ops() if op.workload == "set"}
         conn = self.c.open_conn(node, 10.0)
         try:
             out: set[str] = set()
             for client_id in self.set_clients:
                 r = conn.call("sc.session_list", [None, client_id]).data[0]
-                out |= {s["session_id"] for s in r["sessions"]}
+                out |= {raw_of[s["handle"]] for s in r["sessions"] if s["handle"] in raw_of}
             return out
         finally:
             conn.close()
@@ -602,3 +605,16 @@ def execute(scenario: Scenario, base: Path, net: Network) -> dict[str, Any]:
 
 
 __all__ = ["FAIL", "Run", "Scenario", "Setup", "execute"]
+
+
+_KEY = sessionkeys.SessionKey(bytes.fromhex(SESSION_KEY_HEX))
+
+
+def stored_id(raw: str) -> str:
+    """The id storage keys a session by: derived from the raw id with the services' key (issue 37)."""
+    return str(uuid.UUID(bytes=_KEY.derive(uuid.UUID(raw).bytes)))
+
+
+def handle_of(raw: str) -> str:
+    """The handle storage names a session by in lists and events."""
+    return sessionkeys.handle(_KEY.derive(uuid.UUID(raw).bytes))

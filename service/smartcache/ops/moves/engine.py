@@ -25,7 +25,7 @@ from smartcache.ops.moves.link import Link, Links
 #: the sharded spaces, in the order a bucket's rows are copied (a session before its cache entries: storage
 #: checks a cache entry's bucket by its session)
 SPACES = (
-    "sessions", "cache", "device", "prewarm", "counters", "registers", "sequences",
+    "sessions", "rotations", "cache", "device", "prewarm", "counters", "registers", "sequences",
     "semaphore_holders", "latches", "queue_tasks",
 )  # fmt: skip
 #: rows per chunk of a copy (storage takes up to 2,000)
