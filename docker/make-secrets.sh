@@ -9,7 +9,7 @@
 # cluster's session key, SMARTCACHE_SESSION_KEY: every service of the stack derives stored
 # session ids with it, and smartcache-cli cluster sessions-rekey needs it). 32 random bytes,
 # hex. Files owned by uid/gid 10001 (the user of every container), mode 0400: run it as
-# root. An existing file is kept (delete it to rotate; docker/README.md "Secrets"; the
+# root. An existing file is kept (delete it to rotate; docs/docker.md "Secrets"; the
 # session key is never rotated by deleting it: the sessions stored under it would be lost,
 # docs/operations.md "The session key").
 set -euo pipefail
