@@ -2,7 +2,8 @@
 
 ``sketch``: the service's path with nothing but the path -- a zmq.asyncio ROUTER, one asynctnt
 connection, the same stored procedures with the same arguments (``sc.session_create`` and
-``sc.session_get``, no meta), a task per message and the reply sent from it. No queue, no
+``sc.session_get``, no meta, the session named by the stored id derived from its raw id as the service
+derives it: loadtest/storedids.py), a task per message and the reply sent from it. No queue, no
 validation, no deadlines, no metrics, no logs; plain asyncio (not the service's coalescing loop).
 What the service costs beyond it is the price of its guarantees and of how they are built.
 
@@ -31,9 +32,9 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from loadtest import storedids
 from smartcache.devstack.stack import free_port
 from smartcache.server import eventloop
-from smartcache.server.handlers import session_text
 from smartcache.wire import REGISTRY
 
 DEFAULT_USER = DEFAULT_PASSWORD = "smartcache"  # noqa: S105 - the local default, as in lua/README.md
@@ -59,14 +60,14 @@ class Sketch:
         type_id = int.from_bytes(header[_TYPE_AT : _TYPE_AT + 2], "big")
         if type_id == _CREATE:
             b = msgpack.unpackb(body)
-            resp = await self.conn.call("sc.session_create", [None, None, b["client_id"], None, None, b.get("data")])
+            raw, stored = storedids.new()  # the service makes the raw id and gives storage its stored id
+            resp = await self.conn.call("sc.session_create", [None, stored, b["client_id"], None, None, b.get("data")])
             result: dict[str, Any] = resp.body[0]
-            made = result.pop("session_id", None)
-            if made is not None:
-                header = header[:_SESSION_AT] + bytes.fromhex(made.replace("-", ""))
+            if result["status"] == "OK":
+                header = header[:_SESSION_AT] + raw  # the raw id travels in the reply's header only
         elif type_id == _GET:
-            sid = session_text(header[_SESSION_AT:])  # storage keys sessions by their UUID text, as the service
-            result = (await self.conn.call("sc.session_get", [None, sid])).body[0]
+            stored = storedids.stored_text(header[_SESSION_AT:])
+            result = (await self.conn.call("sc.session_get", [None, stored])).body[0]
         else:
             result = {"status": "BAD_REQUEST"}
         result["status"] = _STATUS[result["status"]]

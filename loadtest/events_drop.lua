@@ -26,6 +26,7 @@ require('smartcache.api').register(nil)
 require('smartcache.runtime').start()
 local partitions = require('smartcache.events.partitions')
 local events = require('smartcache.events')
+local util = require('smartcache.util')
 local DAY_MS = partitions.DAY_MS
 
 -- N events into a day three days ago, in transactions of 1,000 like a busy leader's.
@@ -68,7 +69,8 @@ local function window(action)
     fiber.create(function()
         while running do
             local w0 = clock.monotonic()
-            _G.sc.session_create(nil, nil, 'client-drop', nil, 600, nil)
+            -- a stored id, as the service gives one (revision 11; no id would make a raw-keyed row)
+            _G.sc.session_create(nil, util.uuid(), 'client-drop', nil, 600, nil)
             local w1 = clock.monotonic()
             write_max = math.max(write_max, w1 - w0)
             if t0 ~= nil and w1 >= t0 and (t1 == nil or w0 <= t1) then

@@ -1,7 +1,8 @@
 """Online resharding under load: half of a shard's sessions moved to a new shard while the session scenario runs.
 
 `python -m loadtest resharding [--sessions 1000000]` (`make bench-resharding`): two HA trios on three etcd members,
-the bucket map naming only s1; s1 is loaded with the sessions (sc.session_create on its leader, 10 per client);
+the bucket map naming only s1; s1 is loaded with the sessions (sc.session_create on its leader, 10 per client, each
+under the stored id of a raw id carrying its client's bucket, derived as the service derives it);
 then the session scenario (half SESSION_CREATE, half SESSION_GET, W=16) runs through one service while
 `cluster shard add s2` and `rebalance --parallel 2` move half of the buckets (and so half of the sessions) to s2.
 It prints the throughput before, during and after the move (ratios of the same minutes), the pause of each
@@ -21,10 +22,11 @@ from typing import Any
 
 import asynctnt
 
-from loadtest import runner
+from loadtest import runner, storedids
 from loadtest.generator import Job
 from loadtest.report import format_line
 from loadtest.stack import sharded_stack
+from smartcache.wire.buckets import DEFAULT_BUCKETS, bucket_of
 
 #: the development credentials of make run and the tests (the bench's instances use them)
 SERVICE_USER, SERVICE_PASSWORD = "smartcache", os.environ.get("SC_SERVICE_PASSWORD") or "smartcache"
@@ -46,7 +48,9 @@ async def _preload(host: str, port: int, sessions: int) -> float:
 
     async def worker() -> None:
         for i in todo:
-            r = await conn.call("sc.session_create", [None, None, f"reshard-{i // PER_CLIENT}", None, 3600, {"i": i}])
+            client = f"reshard-{i // PER_CLIENT}"
+            _, stored = storedids.new(bucket_of(client, DEFAULT_BUCKETS))  # a version 8 id, as the service makes
+            r = await conn.call("sc.session_create", [None, stored, client, None, 3600, {"i": i}])
             if r[0]["status"] != "OK":
                 raise RuntimeError(f"preload: {r[0]}")
 
@@ -78,7 +82,7 @@ def main(sessions: int, out_path: str, *, parallel: int = 2, pause_ms: int = 0) 
     print(f"resharding: two trios, the map naming s1 only; preloading {sessions:,} sessions", file=sys.stderr)
     # On tmpfs: six instances' WAL of a million sessions on this VM's disk stalled writes for up to 21 s (the
     # kernel's writeback), a failover that measures the disk, not the move.
-    with sharded_stack(2, mapped=1, memtx_memory=str(3 << 30), data_dir="/dev/shm") as st:  # noqa: S108 - mkdtemp in it
+    with sharded_stack(2, buckets=DEFAULT_BUCKETS, mapped=1, memtx_memory=str(3 << 30), data_dir="/dev/shm") as st:  # noqa: S108 - mkdtemp in it
         leader = next(n for n in st.shards["s1"] if _writable(n))
         took = asyncio.run(_preload("127.0.0.1", leader.port, sessions))
         print(f"  preloaded in {took:.0f} s ({sessions / took:,.0f}/s)", file=sys.stderr, flush=True)
