@@ -63,8 +63,10 @@ cleanup() {
         if [ "$rc" != 0 ]; then
             say "FAILED: container states and last log lines"
             "${compose[@]}" ps || true
-            "${compose[@]}" logs --no-color --tail=40 >"$work/compose.log" 2>&1 || true
+            # every line, kept beside the build's log; the last of them printed
+            "${compose[@]}" logs --no-color --timestamps >"$work/compose.log" 2>&1 || true
             tail -n 200 "$work/compose.log" || true
+            say "every container's log: $work/compose.log"
         fi
         say "tearing down (containers, networks, volumes)"
         COMPOSE_PROFILES=third-shard "${compose[@]}" down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1 || true
@@ -89,7 +91,12 @@ cleanup() {
         # dockerd leaves its default bridge behind; remove it when it was not there before us.
         if [ -z "$had_docker0" ] && ip link show docker0 >/dev/null 2>&1; then ip link delete docker0 || true; fi
     fi
-    rm -rf "$work"
+    if [ "$rc" = 0 ]; then
+        rm -rf "$work"
+    else
+        rm -rf "$work/secrets"  # the logs stay for whoever reads the failure
+        say "logs kept in $work"
+    fi
     say "exit $rc"
     exit "$rc"
 }

@@ -553,7 +553,8 @@ def test_metrics_of_every_instance_are_visible_through_prometheus() -> None:
 
     eventually(lambda: prom_roles() == expected_roles, 30, f"failover_role in Prometheus: {expected_roles}")
     assert prom_vector("smartcache_tarantool_failover_writable") == {t: float(t == leader) for t in TARANTOOLS}
-    assert len(set(prom_vector("smartcache_tarantool_failover_term").values())) == 1  # one term everywhere
+    terms = set(prom_vector("smartcache_tarantool_failover_term").values())
+    assert len(terms) == 1  # one term everywhere
     assert set(prom_vector("smartcache_tarantool_memtx_used_ratio")) == set(TARANTOOLS)
     rules = {r["name"] for g in prom("rules")["groups"] for r in g["rules"]}
     assert {
@@ -562,12 +563,20 @@ def test_metrics_of_every_instance_are_visible_through_prometheus() -> None:
         "SmartcacheServiceDown", "SmartcacheQueueNearlyFull", "SmartcacheWorkersSaturated", "SmartcacheEtcdDown",
     } <= rules  # fmt: skip
 
+    # A new replica set's first term is 1. A leader that lost its lease while the stack started (a busy machine
+    # starts slowly) made more terms, and then SmartcacheLeaderChanged rightly fires for 10 minutes: expected,
+    # and said; every other alert stays quiet either way.
+    (term,) = terms
+    expected = ["SmartcacheLeaderChanged:firing"] if term > 1 else []
+    if expected:
+        say(f"the stack's start changed leaders (term {term:.0f}): SmartcacheLeaderChanged is expected to fire")
+
     def quiet() -> bool:
-        if active := active_alerts():
-            raise ValueError(f"active alerts: {active}")
+        if (active := sorted(active_alerts())) != expected:
+            raise ValueError(f"active alerts: {active}, expected {expected}")
         return True
 
-    eventually(quiet, 60, "no alert pending or firing in the steady state", 1.0)
+    eventually(quiet, 60, "no alert pending or firing in the steady state but what the start explains", 1.0)
 
 
 @pytest.mark.timeout(300)
