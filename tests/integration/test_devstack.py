@@ -476,7 +476,7 @@ def test_more_shards_than_var_holds_are_added_empty_for_a_rebalance(
         return
     assert said is not None
     assert f"{', '.join(added)} joined the bucket map holding no bucket (cluster shard add)" in said
-    assert "`.venv/bin/smartcache-cli cluster --cluster make-run rebalance`" in said
+    assert "`.venv/bin/smartcache-cli cluster --cluster make-run rebalance --reason 'grown to " in said
     assert ("it is shard s1 now, its data where it was" in said) == (not recorded)
 
 

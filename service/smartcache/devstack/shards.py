@@ -127,7 +127,8 @@ def _grown(wanted: Plan, recorded: Recorded, held: str) -> tuple[Plan, str]:
     first = "" if recorded.shards else "; it is shard s1 now, its data where it was"
     return replace(wanted, added=added), (
         f"{held}{first}; {', '.join(added)} joined the bucket map holding no bucket (cluster shard add): run"
-        f" `.venv/bin/smartcache-cli cluster --cluster {CLUSTER} rebalance` to move buckets to"
+        f" `.venv/bin/smartcache-cli cluster --cluster {CLUSTER} rebalance"
+        f" --reason 'grown to {len(wanted.shard_names())} shards'` to move buckets to"
         f" {'it' if len(added) == 1 else 'them'}, their sessions with them (docs/sharding.md, Moving buckets)"
     )
 

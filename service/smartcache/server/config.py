@@ -91,7 +91,7 @@ UNSET = "unset"
 #: settings whose value is never logged (session_rekey, a mode, is not a key)
 SECRET = re.compile(r"password|token|secret|(?<!re)key", re.IGNORECASE)
 #: SMARTCACHE_SESSION_REKEY: off (the default), or lazy while existing data is moved to stored ids
-#: (docs/operations.md, "Sessions keyed by the raw id: the rekey")
+#: (docs/operations.md, "Sessions stored by their raw id: the rekey")
 SESSION_REKEY_MODES = ("off", "lazy")
 #: the key outside production when none is given: not secret (a warning says so at start)
 ZERO_SESSION_KEY = bytes(32)
