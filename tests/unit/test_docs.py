@@ -682,3 +682,30 @@ def test_make_lint_installs_no_prometheus_server() -> None:
     sysdeps = _rule(makefile, "sysdeps")
     assert "prometheus" not in sysdeps
     assert "the package itself is not installed" in read("docs/development.md")
+
+
+#: a test a page cites: ``tests/….py::name``, or ``::name`` after one (the same file)
+CITED_TEST = re.compile(r"`(tests/[\w/]+\.py)?::(test_\w+)`")
+#: a Lua tap test a page cites by its description: ``tests/lua/….lua` "description"``
+CITED_TAP = re.compile(r'`(tests/lua/\w+\.lua)` "([^"]+)"')
+
+
+def test_every_test_security_md_cites_exists() -> None:
+    """SECURITY.md's "Security of sessions" shows each requirement by a test: a renamed test leaves it
+    citing nothing."""
+    text = (ROOT / "SECURITY.md").read_text()
+    missing, cited, last = [], 0, None
+    for m in CITED_TEST.finditer(text):
+        path, name = m.group(1) or last, m.group(2)
+        if path is None:
+            missing.append(f"::{name} with no file before it")
+            continue
+        last, cited = path, cited + 1
+        if not re.search(rf"^(async )?def {name}\(", (ROOT / path).read_text(), re.MULTILINE):
+            missing.append(f"{path}::{name}")
+    for path, description in CITED_TAP.findall(text):
+        cited += 1
+        if description not in (ROOT / path).read_text().replace("\\'", "'"):  # Lua's \' is a '
+            missing.append(f'{path} "{description}"')
+    assert cited >= 20
+    assert not missing, f"SECURITY.md cites tests that do not exist: {missing}"
