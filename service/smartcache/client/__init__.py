@@ -12,6 +12,7 @@ interface of their own.
 from smartcache.client.base import DEFAULT_TIMEOUT_S, Reply, SessionId, session_bytes
 from smartcache.client.clients import AsyncClient, Client
 from smartcache.client.locks import AsyncLock, Lock
+from smartcache.client.nearcache import NearCache
 from smartcache.client.objects import AsyncIdGenerator, Counter, IdGenerator, Latch, Register, Task, TaskQueue
 from smartcache.client.subscriber import Event, Subscription
 from smartcache.wire.errors import (
@@ -41,6 +42,7 @@ __all__ = [
     "Latch",
     "LeaseLost",
     "Lock",
+    "NearCache",
     "NotAcquired",
     "Register",
     "Reply",

@@ -42,6 +42,8 @@ from smartcache.client.base import (
 from smartcache.client.coordination import CoordinationHelpers
 from smartcache.client.interface import BlockingClient
 from smartcache.client.locks import DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, AsyncLock
+from smartcache.client.nearcache import NearCache
+from smartcache.client.nearfollow import NEAR_TYPES, Follower, attach, through
 from smartcache.client.objects import DEFAULT_BLOCK, AsyncIdGenerator, CoordinationObjects
 from smartcache.client.subscriber import Subscription
 from smartcache.client.typed import TypedCalls
@@ -50,6 +52,8 @@ from smartcache.wire.keys import CurveKeys
 
 #: how long a subscription's reads of the log retry a service that does not answer
 SUBSCRIBE_RETRY_S = 30.0
+#: how long close() waits for a near cache's follower thread (a catch-up read in flight ends at its timeout)
+FOLLOWER_JOIN_S = 6.0
 
 
 def _connect(sock: zmq.Socket[Any], endpoint: str, curve: CurveKeys | None) -> None:
@@ -74,8 +78,11 @@ class Client(BlockingClient, CoordinationObjects):
         retries: int = 0,
         curve: CurveKeys | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        near_cache: NearCache | None = None,
     ) -> None:
-        """timeout_s: per attempt; retries: see the module docstring; curve: keys for a CURVE server.
+        """timeout_s: per attempt; retries: see the module docstring; curve: keys for a CURVE server;
+        near_cache: session reads and device lookups answered from this process's memory while the event
+        stream shows them current (service/smartcache/client/nearcache.py, docs/client.md *Near cache*).
 
         endpoint may list several endpoints, comma-separated: the socket connects to each, and
         ZeroMQ spreads requests over them (several service instances).
@@ -91,6 +98,11 @@ class Client(BlockingClient, CoordinationObjects):
         #: request id -> type name, for the requests sent and not yet waited for
         self._outstanding: dict[int, str] = {}
         self._arrived: dict[int, Reply | RequestError] = {}
+        #: the near cache (None: every read goes to the service); its follower thread, if it follows a stream
+        self.near_cache = near_cache
+        self._follower: Follower | None = None
+        if near_cache is not None:
+            self._follower = attach(near_cache, self)
 
     def send(
         self,
@@ -161,6 +173,21 @@ class Client(BlockingClient, CoordinationObjects):
         lifetime_ms: int = 0,
         timeout_s: float | None = None,
     ) -> Reply:
+        if self.near_cache is not None and type_name in NEAR_TYPES:
+            return through(
+                self.near_cache, self._call, type_name, body, session_id, lifetime_ms=lifetime_ms, timeout_s=timeout_s
+            )
+        return self._call(type_name, body, session_id=session_id, lifetime_ms=lifetime_ms, timeout_s=timeout_s)
+
+    def _call(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> Reply:
         body = with_key(type_name, body, self.retries)
         attempt = 0
         while True:
@@ -203,7 +230,12 @@ class Client(BlockingClient, CoordinationObjects):
         self.send("APP_START", {"device_id": device_id, "version": version}, session_id=session_id, no_reply=True)
 
     def close(self, linger_ms: int = 200) -> None:
-        """Close the socket, giving unsent messages (say, an APP_START) up to linger_ms to leave."""
+        """Close the socket, giving unsent messages (say, an APP_START) up to linger_ms to leave; a near cache's
+        follower stops first (its own sockets closed in its thread)."""
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower.join(FOLLOWER_JOIN_S)
+            self._follower = None
         self._sock.close(linger=linger_ms)
 
     def __enter__(self) -> Client:

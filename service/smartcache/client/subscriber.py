@@ -37,6 +37,7 @@ across keys within a shard; nothing orders two shards' events.
 from __future__ import annotations
 
 import collections
+import contextlib
 import struct
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -149,6 +150,9 @@ class Subscription:
         self.cursors: dict[str, int] = {}
         #: the shards whose log is read with EVENTS_READ before their stream is taken
         self._behind: set[str] = set()
+        #: per shard, when (time.monotonic) a publisher last showed the cursor current: a heartbeat at or below it, or
+        #: the next event in order (a near cache serves a shard's copies only while this is recent)
+        self.heard: dict[str, float] = {}
         self.sharded = False
         try:
             self._start(from_seq)
@@ -214,7 +218,21 @@ class Subscription:
                     break
                 self._receive(frames)
 
+    @property
+    def behind(self) -> frozenset[str]:
+        """The shards with a gap pending: their log is read with EVENTS_READ before their stream is taken again."""
+        return frozenset(self._behind)
+
+    def monitor(self) -> zmq.Socket[Any]:
+        """A socket that receives the SUB socket's connection events (``zmq.utils.monitor.recv_monitor_message``):
+        a near cache stops serving at a disconnect, before the silent stream would tell. Read it from this
+        subscription's thread."""
+        monitor: zmq.Socket[Any] = self._sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
+        return monitor
+
     def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self._sub.disable_monitor()
         self._sub.close(linger=0)
         self.client.close(linger_ms=0)
 
@@ -244,6 +262,8 @@ class Subscription:
         if not frames[0]:  # heartbeat: everything up to seq (of the shard) was published
             if seq > cursor:
                 self._gap(shard)
+            elif shard not in self._behind:
+                self.heard[shard] = time.monotonic()
             return
         if seq <= cursor:
             self.counts.duplicates += 1
@@ -252,6 +272,7 @@ class Subscription:
             self._gap(shard)  # the catch-up reads this one too
             return
         self.cursors[shard] = seq
+        self.heard[shard] = time.monotonic()
         topic = frames[0].decode()
         if self._matches(topic):
             m = body if body is not None else msgpack.unpackb(frames[2], raw=False)
