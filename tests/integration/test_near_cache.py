@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -51,7 +53,7 @@ def near_client(svc: Running, publishers: str | None = None) -> Iterator[Client]
         client.close(linger_ms=0)
 
 
-def _stats(client: Client) -> dict:
+def _stats(client: Client) -> dict[str, Any]:
     assert client.near_cache is not None
     return client.near_cache.stats()
 
@@ -83,12 +85,12 @@ def test_an_update_by_another_client_is_seen_within_the_bound(svc: Running) -> N
         assert _stats(reader)["hits"] >= 2
 
 
-def _reads_after(reader: Client, sid: object, done_at: float, until_s: float) -> list[tuple[float, str]]:
+def _reads_after(reader: Client, sid: uuid.UUID, done_at: float, until_s: float) -> list[tuple[float, str]]:
     """Read sid until done_at + until_s: (time sent, status) of each read."""
     out = []
     while time.monotonic() < done_at + until_s:
         sent = time.monotonic()
-        out.append((sent, str(reader.session_get(sid).status)))  # type: ignore[arg-type]
+        out.append((sent, str(reader.session_get(sid).status)))
         time.sleep(READ_PACE_S)
     return out
 
