@@ -124,6 +124,21 @@ def test_an_expired_session_is_gone_from_the_cache(svc: Running) -> None:
         eventually(lambda: reader.session_get(sid).status == "NOT_FOUND", 5.0, what="the expiry seen")
 
 
+def test_a_session_read_only_from_memory_slides_as_one_read_through_the_service(svc: Running) -> None:
+    """ttl 3 s (a read refreshes after 1 s): read from memory for twice the ttl, the session is still live."""
+    sid = svc.client.session_create("near-slide", data={"n": 1}, ttl_s=3).session_id
+    with near_client(svc) as reader:
+        reader.session_get(sid)
+        until = time.monotonic() + 6.0
+        while time.monotonic() < until:
+            assert reader.session_get(sid).ok
+            time.sleep(0.05)  # a front server's pace of requests
+        stats = _stats(reader)
+    assert stats["touches"] >= 3
+    assert stats["hits"] > stats["misses"]
+    assert svc.client.session_get(sid).ok  # alive in storage: the touches slid it
+
+
 def test_a_device_lookup_is_kept_until_the_device_is_bound_again(svc: Running) -> None:
     assert svc.client.device_bind("near-dev-1", "client-a").ok
     with near_client(svc) as reader:

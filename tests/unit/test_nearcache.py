@@ -336,3 +336,13 @@ def test_a_cache_without_an_events_endpoint_is_disabled_and_says_so_once(caplog:
     assert [r.getMessage() for r in caplog.records].count(
         "near_cache_disabled: no events endpoint given; every read goes to the service"
     ) == 1
+
+
+def test_a_gap_found_stops_serving_at_once_though_the_stream_was_heard_just_now(cache: NearCache, clock: Clock) -> None:
+    cache.offer(SESSION, KEY, reply(10), clock.now)
+    cache.gap("")
+    assert cache.lookup(KEY) is None
+    assert cache.stats()["gaps"] == 1
+    cache.apply("", 11, "session.updated", "hother", {})  # the catch-up: nothing of this session
+    cache.stream_state("", current=True, heard_at=clock.now)
+    assert cache.lookup(KEY) is not None

@@ -215,11 +215,10 @@ class NearCache:
         b = reply.body
         seq = b.get("seq")
         name = b.get("handle") if kind == SESSION else (key if kind == DEVICE else None)
+        if not self.enabled or not reply.ok or reply.data_error:
+            return False  # nothing to keep
         if (
-            not self.enabled
-            or not reply.ok
-            or reply.data_error
-            or not isinstance(seq, int)
+            not isinstance(seq, int)
             or not isinstance(name, str)
             or (kind == SESSION and (b.get("rotated") or b.get("refresh_failed") or not name.startswith("h")))
         ):
@@ -349,6 +348,14 @@ class NearCache:
             elif current:
                 s.gap = False
             s.heard_at = heard_at
+
+    def gap(self, shard: str) -> None:
+        """The subscription found a gap in shard's log: its entries are not served until it is read."""
+        with self._lock:
+            s = self._streams.get(shard)
+            if s is not None and not s.gap:
+                s.gap = True
+                self.counts.gaps += 1
 
     def disconnected(self) -> None:
         """A publisher's connection dropped: no shard is served until its stream shows it current again."""

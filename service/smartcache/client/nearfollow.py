@@ -46,6 +46,7 @@ class Client(Protocol):
         self, topics: Sequence[str] = (), from_seq: int | None = None, *, publishers: str, retry_s: float = ...
     ) -> Subscription: ...
 
+
 log = logging.getLogger("smartcache.client.nearcache")
 
 #: how long one poll of the stream waits (the touches and the shards' state are looked at between polls)
@@ -194,6 +195,7 @@ class Follower:
             log.warning("near_cache_enabled: following the events endpoint %s", self._publishers)
         for shard, cursor in sub.cursors.items():
             self.cache.start_stream(shard, cursor)
+        sub.on_gap = self.cache.gap
         return sub, sub.monitor()
 
     def _restart(self, sub: Subscription, monitor: zmq.Socket[Any] | None, *, again: bool = True) -> tuple[None, None]:

@@ -40,7 +40,7 @@ import collections
 import contextlib
 import struct
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -153,6 +153,8 @@ class Subscription:
         #: per shard, when (time.monotonic) a publisher last showed the cursor current: a heartbeat at or below it, or
         #: the next event in order (a near cache serves a shard's copies only while this is recent)
         self.heard: dict[str, float] = {}
+        #: called with the shard when a gap is found, before it is read (a near cache stops serving the shard)
+        self.on_gap: Callable[[str], None] | None = None
         self.sharded = False
         try:
             self._start(from_seq)
@@ -282,6 +284,8 @@ class Subscription:
         if shard not in self._behind:
             self.counts.gaps += 1
             self._behind.add(shard)
+            if self.on_gap is not None:
+                self.on_gap(shard)
 
     def _catch_up(self, shard: str, deadline: float) -> bool:
         """Read a shard's log from its cursor to the head; False when the deadline came first (it goes on at
