@@ -143,9 +143,17 @@ class Client(BlockingClient, CoordinationObjects):
         return result
 
     def twin(self, timeout_s: float | None = None) -> Client:
-        """Another client of the same service, with the same keys and retries: a socket for another thread."""
+        """Another client of the same service, with the same keys, retries and near cache: a socket for another
+        thread (a front server's request threads share one near cache this way)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        return Client(self.endpoint, timeout_s=timeout, retries=self.retries, curve=self._curve, context=self._ctx)
+        return Client(
+            self.endpoint,
+            timeout_s=timeout,
+            retries=self.retries,
+            curve=self._curve,
+            context=self._ctx,
+            near_cache=self.near_cache,
+        )
 
     def arrived(self, request_id: int) -> bool:
         """Whether the reply to an earlier ``send`` is here; reads what the socket holds, never waits."""

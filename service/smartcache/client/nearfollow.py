@@ -144,6 +144,7 @@ class Follower:
     def run(self) -> None:
         # Sockets of this thread only: the touches' client, the subscription's (made in _subscribe).
         toucher = self._client.twin(timeout_s=TOUCH_WAIT_S)
+        toucher.near_cache = None  # type: ignore[attr-defined]  # its touches are the cache's own
         sub: Subscription | None = None
         monitor: zmq.Socket[Any] | None = None
         started = time.monotonic()
@@ -256,9 +257,9 @@ class Follower:
 
 def attach(cache: NearCache, client: Client) -> Follower | None:
     """Give a client its near cache: a follower thread started, or, with no events endpoint, the cache disabled
-    (said once)."""
-    if cache.follower is not None:
-        raise ValueError("a NearCache serves one client: make one per Client")
+    (said once). A cache already followed (another client of the process, its twins) is shared: None."""
+    if cache.follower is not None or not cache.enabled:
+        return None
     if cache.publishers is None:
         cache.disable("no events endpoint given (NearCache(publishers=...))")
         return None
