@@ -5,6 +5,7 @@ session is answered after the bound (max_lag_s)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from smartcache.client import Client, NearCache
+from smartcache.client import AsyncClient, Client, NearCache
 from smartcache.devstack.stack import Tarantool
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually
@@ -196,3 +197,27 @@ def test_without_a_reachable_events_endpoint_every_read_goes_to_the_service(svc:
         client.close(linger_ms=0)
     assert not stats["enabled"]
     assert stats["hits"] == 0
+
+
+def test_the_asyncio_client_answers_from_its_near_cache_too(svc: Running) -> None:
+    sid = svc.client.session_create("near-async", data={"n": 1}).session_id
+    publishers = f"tcp://127.0.0.1:{_publisher_port(svc)}"
+
+    async def run() -> tuple[list[int], dict[str, Any]]:
+        near = NearCache(publishers=publishers, max_lag_s=MAX_LAG_S)
+        c = AsyncClient(svc.endpoint, timeout_s=10, near_cache=near)
+        try:
+            deadline = time.monotonic() + 10
+            while not any(near.stats()["shards"].values()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            await c.session_get(sid)
+            replies = await asyncio.gather(*(c.session_get(sid) for _ in range(10)))
+            assert (await c.session_update(sid, {"n": 2})).ok
+            after = await c.session_get(sid)  # its own write: read back at once
+            return [r.body["data"]["n"] for r in [*replies, after]], near.stats()
+        finally:
+            c.close()
+
+    values, stats = asyncio.run(run())
+    assert values == [1] * 10 + [2]
+    assert stats["hits"] >= 10

@@ -43,7 +43,7 @@ from smartcache.client.coordination import CoordinationHelpers
 from smartcache.client.interface import BlockingClient
 from smartcache.client.locks import DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, AsyncLock
 from smartcache.client.nearcache import NearCache
-from smartcache.client.nearfollow import NEAR_TYPES, Follower, attach, through
+from smartcache.client.nearfollow import NEAR_TYPES, Follower, attach, through, through_async
 from smartcache.client.objects import DEFAULT_BLOCK, AsyncIdGenerator, CoordinationObjects
 from smartcache.client.subscriber import Subscription
 from smartcache.client.typed import TypedCalls
@@ -281,9 +281,11 @@ class AsyncClient(TypedCalls["asyncio.Future[Reply]"]):
         retries: int = 0,
         curve: CurveKeys | None = None,
         context: zmq.asyncio.Context | None = None,
+        near_cache: NearCache | None = None,
     ) -> None:
         """timeout_s: per attempt; retries: see the module docstring; curve: keys for a CURVE server;
-        endpoint: one or several, comma-separated."""
+        endpoint: one or several, comma-separated; near_cache: as the blocking client's (its follower is a thread
+        with blocking sockets of its own)."""
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.retries = retries
@@ -295,8 +297,29 @@ class AsyncClient(TypedCalls["asyncio.Future[Reply]"]):
         #: request id -> type name, while its future is pending (for errors that say which request)
         self._kinds: dict[int, str] = {}
         self._reader: asyncio.Task[None] | None = None
+        self.near_cache = near_cache
+        #: a blocking client whose twins the near cache's follower thread uses (its own socket never sends)
+        self._follows: Client | None = None
+        if near_cache is not None and near_cache.follower is None and near_cache.enabled:
+            self._follows = Client(endpoint, timeout_s=timeout_s, retries=retries, curve=curve)
+            attach(near_cache, self._follows)
 
     def call(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[Reply]:
+        if self.near_cache is not None and type_name in NEAR_TYPES:
+            return through_async(
+                self.near_cache, self._call, type_name, body, session_id, lifetime_ms=lifetime_ms, timeout_s=timeout_s
+            )
+        return self._call(type_name, body, session_id=session_id, lifetime_ms=lifetime_ms, timeout_s=timeout_s)
+
+    def _call(
         self,
         type_name: str,
         body: Mapping[str, Any] | None = None,
@@ -404,6 +427,13 @@ class AsyncClient(TypedCalls["asyncio.Future[Reply]"]):
             if not fut.done():
                 fut.cancel()
         self._sock.close(linger=0)
+        if self._follows is not None:  # the near cache's follower stops with it
+            nc, self.near_cache = self.near_cache, None
+            if nc is not None and nc.follower is not None:
+                nc.follower.stop()
+                nc.follower.join(FOLLOWER_JOIN_S)
+            self._follows.close(linger_ms=0)
+            self._follows = None
 
 
 # help(Client) and help(AsyncClient) show what each typed call returns there, not a type variable.

@@ -18,6 +18,7 @@ cache; a write of a session or a device binding through this client drops its co
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -68,23 +69,23 @@ _SESSION_WRITES = frozenset({"SESSION_UPDATE", "SESSION_DELETE", "SESSION_ROTATE
 NEAR_TYPES = frozenset({"SESSION_GET", "DEVICE_LOOKUP", "SESSION_DELETE_CLIENT", "DEVICE_BIND"}) | _SESSION_WRITES
 
 
-def through(
-    cache: NearCache,
-    send: Callable[..., Reply],
-    type_name: str,
-    body: Mapping[str, Any] | None,
-    session_id: SessionId | None,
-    **kw: Any,
-) -> Reply:
-    """``Client.call`` of a type in NEAR_TYPES, with the near cache: see the module docstring."""
-    b = body or {}
+def read_key(cache: NearCache, type_name: str, body: Mapping[str, Any] | None, session_id: SessionId | None) -> Any:
+    """(kind, key) of a read the cache may answer; None for anything else (a write, a read it does not keep)."""
+    if not cache.enabled:
+        return None
     if type_name == "SESSION_GET":
-        key = (session_bytes(session_id), b.get("binding"))
-        return _read(cache, send, SESSION, key=key, type_name=type_name, body=body, session_id=session_id, kw=kw)
-    if type_name == "DEVICE_LOOKUP" and cache.devices and isinstance(b.get("device_id"), str):
-        return _read(
-            cache, send, DEVICE, key=b["device_id"], type_name=type_name, body=body, session_id=session_id, kw=kw
-        )
+        return SESSION, (session_bytes(session_id), (body or {}).get("binding"))
+    device = (body or {}).get("device_id")
+    if type_name == "DEVICE_LOOKUP" and cache.devices and isinstance(device, str):
+        return DEVICE, device
+    return None
+
+
+def before_write(
+    cache: NearCache, type_name: str, body: Mapping[str, Any] | None, session_id: SessionId | None
+) -> None:
+    """This client's own write of a session or a device binding: its copy dropped before the write is sent."""
+    b = body or {}
     if type_name in _SESSION_WRITES:
         if session_id is not None:
             cache.forget_session(session_bytes(session_id))
@@ -94,29 +95,58 @@ def through(
         cache.forget_client(b["client_id"])
     elif type_name == "DEVICE_BIND" and isinstance(b.get("device_id"), str):
         cache.forget_name(b["device_id"])
-    return send(type_name, body, session_id=session_id, **kw)
 
 
-def _read(
+def through(
     cache: NearCache,
     send: Callable[..., Reply],
-    kind: str,
-    *,
-    key: Any,
     type_name: str,
     body: Mapping[str, Any] | None,
     session_id: SessionId | None,
-    kw: dict[str, Any],
+    **kw: Any,
 ) -> Reply:
-    if cache.enabled:
-        hit = cache.lookup(key)
-        if hit is not None:
-            return hit
+    """``Client.call`` of a type in NEAR_TYPES, with the near cache: see the module docstring."""
+    read = read_key(cache, type_name, body, session_id)
+    if read is None:
+        before_write(cache, type_name, body, session_id)
+        return send(type_name, body, session_id=session_id, **kw)
+    hit = cache.lookup(read[1])
+    if hit is not None:
+        return hit
     sent_at = cache.clock()
     reply = send(type_name, body, session_id=session_id, **kw)
-    if cache.enabled:
-        cache.offer(kind, key, reply, sent_at)
+    cache.offer(read[0], read[1], reply, sent_at)
     return reply
+
+
+def through_async(
+    cache: NearCache,
+    send: Callable[..., asyncio.Future[Reply]],
+    type_name: str,
+    body: Mapping[str, Any] | None,
+    session_id: SessionId | None,
+    **kw: Any,
+) -> asyncio.Future[Reply]:
+    """``AsyncClient.call`` of a type in NEAR_TYPES: a hit is a future already done; a miss's reply is offered
+    to the cache when it comes."""
+    read = read_key(cache, type_name, body, session_id)
+    if read is None:
+        before_write(cache, type_name, body, session_id)
+        return send(type_name, body, session_id=session_id, **kw)
+    hit = cache.lookup(read[1])
+    if hit is not None:
+        done: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        done.set_result(hit)
+        return done
+    sent_at = cache.clock()
+    fut = send(type_name, body, session_id=session_id, **kw)
+
+    def keep(f: asyncio.Future[Reply]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            cache.offer(read[0], read[1], f.result(), sent_at)
+
+    fut.add_done_callback(keep)
+    return fut
 
 
 class Follower:
