@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from smartcache.client import NearCache, Reply
+from smartcache.client import NearCache, Reply, nearcache
 from smartcache.client.nearcache import DEVICE, SESSION
 from smartcache.client.nearfollow import through
 from smartcache.wire import REGISTRY, Header
@@ -346,3 +346,23 @@ def test_a_gap_found_stops_serving_at_once_though_the_stream_was_heard_just_now(
     cache.apply("", 11, "session.updated", "hother", {})  # the catch-up: nothing of this session
     cache.stream_state("", current=True, heard_at=clock.now)
     assert cache.lookup(KEY) is not None
+
+
+def test_a_reply_to_a_read_sent_before_this_clients_own_write_is_not_kept(cache: NearCache, clock: Clock) -> None:
+    """Another thread's read sent before this process's write may answer the state before it: not kept, so that
+    the writer's next read sees its write."""
+    sent_before = clock.now
+    clock.now += 0.01
+    cache.forget_session(SID)  # the write, about to be sent
+    clock.now += 0.01
+    assert not cache.offer(SESSION, KEY, reply(10), sent_before)
+    assert cache.offer(SESSION, KEY, reply(10), clock.now)  # a read sent after the write
+
+
+def test_fences_stay_bounded_under_a_burst_of_writes(cache: NearCache, clock: Clock) -> None:
+    sent = clock.now
+    for i in range(nearcache.FENCES_MAX + 1):
+        clock.now += 1e-6
+        cache.forget_name(f"dev-{i}")
+    assert len(cache._fences) <= nearcache.FENCES_MAX  # the bound is the point
+    assert not cache.offer(SESSION, KEY, reply(10), sent)  # one fence for all: still not kept

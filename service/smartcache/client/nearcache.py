@@ -60,6 +60,10 @@ DEFAULT_RING_EVENTS = 4096
 ENTRY_OVERHEAD_BYTES = 200
 #: a name no key has: an event that touches every entry of its shard's bucket(s) (bucket.sent, bucket.received)
 ANY = "\0any"
+#: how long this client's own write fences off the replies of reads sent before it (longer than any lifetime)
+FENCE_KEEP_S = 65.0
+#: fences kept at most; beyond, one fence for everything (every read sent before it is answered, not kept)
+FENCES_MAX = 100_000
 
 SESSION = "s"
 DEVICE = "d"
@@ -103,6 +107,13 @@ class Entry:
     bucket: int | None = None
     client_id: str | None = None
     touching: bool = False
+
+    @property
+    def index(self) -> tuple[Any, ...]:
+        """What finds it: its name (events), its session id and its client (this client's own writes)."""
+        if self.kind == SESSION:
+            return (self.name, ("sid", self.key[0]), ("client", self.client_id))
+        return (self.name,)
 
 
 @dataclass(slots=True)
@@ -168,7 +179,11 @@ class NearCache:
         self.enabled = publishers is not None
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[Any, Entry] = collections.OrderedDict()
-        self._by_name: dict[str, set[Any]] = {}
+        #: name (a handle, a device id), ("sid", id) or ("client", id) -> the keys of the entries it finds
+        self._index: dict[Any, set[Any]] = {}
+        #: the same -> when this client's own write last dropped it: a reply of a read sent before is not kept
+        self._fences: dict[Any, float] = {}
+        self._fence_all = -math.inf
         self._bytes = 0
         self._streams: dict[str, Stream] = {}
         self._touches: dict[Any, Entry] = {}
@@ -237,54 +252,44 @@ class NearCache:
         now = self.clock()
         with self._lock:
             s = self._streams.get(shard)
-            if s is None or not self._serving(s, now) or not self._clear_since(s, seq, name, e.bucket):
+            if (
+                s is None
+                or not self._serving(s, now)
+                or not self._clear_since(s, seq, name, e.bucket)
+                or self._fenced(e, sent_at)
+            ):
                 self.counts.not_kept += 1
                 return False
             old = self._entries.get(key)
             if old is not None:
                 self._drop(old)
             self._entries[key] = e
-            self._by_name.setdefault(name, set()).add(key)
+            for i in e.index:
+                self._index.setdefault(i, set()).add(key)
             self._bytes += e.size
             while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
                 self._drop(next(iter(self._entries.values())))
                 self.counts.evictions += 1
             return True
 
-    def forget(self, key: Any) -> None:
-        """Drop one entry now (this client's own write of it: read-your-writes)."""
-        with self._lock:
-            e = self._entries.get(key)
-            if e is not None:
-                self._drop(e)
-                self.counts.invalidations += 1
-
     def forget_name(self, name: str) -> None:
-        """Drop the entries of a handle or a device id (this client ended that session, bound that device)."""
-        with self._lock:
-            for k in list(self._by_name.get(name, ())):
-                self._drop(self._entries[k])
-                self.counts.invalidations += 1
+        """Drop the entries of a handle or a device id (this client ended that session, bound that device), and
+        keep the replies of reads sent before out."""
+        self._forget(name)
+
+    def forget_session(self, sid: bytes) -> None:
+        """Drop every entry of a session id, whatever binding it was read with (this client writes it)."""
+        self._forget(("sid", sid))
+
+    def forget_client(self, client_id: str) -> None:
+        """Drop every session entry of a client (this client logged it out everywhere)."""
+        self._forget(("client", client_id))
 
     def applied(self, shard: str) -> int | None:
         """The last event of shard's log applied here (None: a shard not followed)."""
         with self._lock:
             s = self._streams.get(shard)
             return None if s is None else s.applied
-
-    def forget_session(self, sid: bytes) -> None:
-        """Drop every entry of a session id, whatever binding it was read with."""
-        with self._lock:
-            for key in [k for k, e in self._entries.items() if e.kind == SESSION and k[0] == sid]:
-                self._drop(self._entries[key])
-                self.counts.invalidations += 1
-
-    def forget_client(self, client_id: str) -> None:
-        """Drop every session entry of a client (this client logged it out everywhere)."""
-        with self._lock:
-            for e in [e for e in self._entries.values() if e.kind == SESSION and e.client_id == client_id]:
-                self._drop(e)
-                self.counts.invalidations += 1
 
     def stats(self) -> dict[str, Any]:
         """Counters since start, and what the cache holds now (entries, bytes, shards being served)."""
@@ -329,7 +334,7 @@ class NearCache:
                 if name == ANY:
                     self._drop_bucket(shard, payload)
                     continue
-                for k in list(self._by_name.get(name, ())):
+                for k in list(self._index.get(name, ())):
                     e = self._entries[k]
                     if e.shard != shard or seq > e.seq:
                         self._drop(e)
@@ -400,7 +405,7 @@ class NearCache:
         with self._lock:
             self.enabled = False
             self._entries.clear()
-            self._by_name.clear()
+            self._index.clear()
             self._bytes = 0
             if self._disabled_logged:
                 return
@@ -431,14 +436,34 @@ class NearCache:
                 return False
         return True
 
+    def _forget(self, index: Any) -> None:
+        now = self.clock()
+        with self._lock:
+            for k in list(self._index.get(index, ())):
+                self._drop(self._entries[k])
+                self.counts.invalidations += 1
+            self._fences[index] = now
+            if len(self._fences) > FENCES_MAX:
+                self._fences = {i: t for i, t in self._fences.items() if t > now - FENCE_KEEP_S}
+                if len(self._fences) > FENCES_MAX // 2:  # a burst of writes: one fence for all
+                    self._fences.clear()
+                    self._fence_all = now
+
+    def _fenced(self, e: Entry, sent_at: float) -> bool:
+        """A write of this client's dropped what e is about after its read was sent: its reply may predate it."""
+        if sent_at <= self._fence_all:
+            return True
+        return any(self._fences.get(i, -math.inf) >= sent_at for i in e.index)
+
     def _drop(self, e: Entry) -> None:
         del self._entries[e.key]
         self._touches.pop(e.key, None)
-        keys = self._by_name.get(e.name)
-        if keys is not None:
-            keys.discard(e.key)
-            if not keys:
-                del self._by_name[e.name]
+        for i in e.index:
+            keys = self._index.get(i)
+            if keys is not None:
+                keys.discard(e.key)
+                if not keys:
+                    del self._index[i]
         self._bytes -= e.size
 
     def _drop_bucket(self, shard: str, payload: Any) -> None:
