@@ -6,7 +6,8 @@ loop over SESSIONS sessions made first: 20 reads (``session_get``) to 1 write (`
 the session-read mix of the service rows. A row: reads per second of the whole process, the hit
 ratio, and the p50 of a read answered from memory and of one answered by the service. The p50 of a
 hit is measured alone as well (W=1, reads of a session kept), so that the GIL of 128 threads does not
-stand in it.
+stand in it. Each row starts warm: every session read once (what a front server's cache holds of its
+active sessions); the row's own misses are the writes' invalidations and the races with them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ HIT_SAMPLES = 20_000
 
 def _worker(client: Client, sids: list[Any], stop: threading.Event, out: dict[str, Any], seed: int) -> None:
     rnd = random.Random(seed)
-    near = client.near_cache
     reads = writes = errors = 0
     hit_lat: list[float] = []
     miss_lat: list[float] = []
@@ -41,15 +41,11 @@ def _worker(client: Client, sids: list[Any], stop: threading.Event, out: dict[st
                 client.session_update(sid, set={"n": n})
                 writes += 1
                 continue
-            hits = near.counts.hits if near is not None else 0
             t0 = time.perf_counter()
-            client.session_get(sid)
+            r = client.session_get(sid)
             dt = time.perf_counter() - t0
             reads += 1
-            if near is not None and near.counts.hits > hits:
-                hit_lat.append(dt)  # another thread's hit may count here: a sample of hits at this W, near enough
-            else:
-                miss_lat.append(dt)
+            (hit_lat if r.near else miss_lat).append(dt)
         except RequestError:  # counted; the bench reports them
             errors += 1
     out.update(reads=reads, writes=writes, errors=errors, hit_lat=hit_lat, miss_lat=miss_lat)
@@ -65,6 +61,8 @@ def row(endpoint: str, publishers: str | None, inflight: int, duration_s: float)
             deadline = time.monotonic() + 10
             while not any(near.stats()["shards"].values()) and time.monotonic() < deadline:
                 time.sleep(0.05)
+        for sid in sids:  # warm: a front server's cache holds its active sessions (a no-op without one)
+            first.session_get(sid)
         clients = [first.twin() for _ in range(inflight)]
         outs: list[dict[str, Any]] = [{} for _ in clients]
         stop = threading.Event()
@@ -111,16 +109,13 @@ def row(endpoint: str, publishers: str | None, inflight: int, duration_s: float)
 
 def _hit_p50(client: Client, sid: Any) -> float | None:
     """The p50 of a hit alone: one thread reading a session kept in memory."""
-    near = client.near_cache
-    assert near is not None
     client.session_get(sid)
     samples = []
     for _ in range(HIT_SAMPLES):
-        hits = near.counts.hits
         t0 = time.perf_counter()
-        client.session_get(sid)
+        r = client.session_get(sid)
         dt = time.perf_counter() - t0
-        if near.counts.hits > hits:
+        if r.near:
             samples.append(dt)
     samples.sort()
     return round(percentile(samples, 50) * 1e6, 1) if samples else None

@@ -80,6 +80,7 @@ def test_a_read_after_a_miss_is_a_hit_with_its_deadlines_counted_down(cache: Nea
     clock.now += 1.0
     hit = cache.lookup(KEY)
     assert hit is not None
+    assert hit.near
     assert hit.body["data"] == {"step": 1}
     assert hit.body["expires_in_ms"] == 599_000
     assert hit.body["absolute_expires_in_ms"] == 3_599_000

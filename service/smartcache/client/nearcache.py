@@ -153,8 +153,10 @@ class NearCache:
     """``Client(endpoint, near_cache=NearCache(publishers=..., max_entries=..., max_bytes=..., max_lag_s=2.0))``.
 
     publishers: the services' events endpoints (SMARTCACHE_EVENTS_LISTEN), comma-separated; None: the cache
-    stays disabled (and says so once in the log). ``stats()`` counts hits, misses, invalidations, gaps and
-    reads not served because the stream was not current.
+    stays disabled (and says so once in the log). max_entries, max_bytes: the LRU's bounds; max_lag_s: how
+    long a shard's stream may be silent before its copies stop being served; devices: keep DEVICE_LOOKUP
+    replies too. ``stats()`` counts hits, misses, invalidations, gaps and reads not served because the stream
+    was not current; a reply from memory says so (``Reply.near``).
     """
 
     def __init__(
@@ -222,7 +224,7 @@ class NearCache:
                 fresh["expires_in_ms"] = max(0, int((idle_at - now) * 1000))
             if absolute_at != math.inf:
                 fresh["absolute_expires_in_ms"] = max(0, int((absolute_at - now) * 1000))
-        return Reply(reply.header, fresh)
+        return Reply(reply.header, fresh, near=True)
 
     def offer(self, kind: str, key: Any, reply: Reply, sent_at: float) -> bool:
         """Keep a reply the service gave to a read sent at ``sent_at`` (this cache's clock), if it may be kept:
