@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from smartcache.client import AsyncClient, Client, NearCache
-from smartcache.devstack.stack import Tarantool
+from smartcache.client import AsyncClient, Client, NearCache, nearfollow
+from smartcache.devstack.stack import Tarantool, free_port
 from tests.conftest import Running, running_service, service_settings
 from tests.helpers import eventually
 from tests.tcpproxy import TcpProxy
@@ -221,3 +222,24 @@ def test_the_asyncio_client_answers_from_its_near_cache_too(svc: Running) -> Non
     values, stats = asyncio.run(run())
     assert values == [1] * 10 + [2]
     assert stats["hits"] >= 10
+
+
+def test_an_events_endpoint_nobody_publishes_on_leaves_every_read_to_the_service_and_is_said_once(
+    svc: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    sid = svc.client.session_create("near-8", data={"n": 1}).session_id
+    caplog.set_level(logging.WARNING, logger="smartcache.client.nearcache")
+    near = NearCache(publishers=f"tcp://127.0.0.1:{free_port()}", max_lag_s=MAX_LAG_S)
+    client = Client(svc.endpoint, timeout_s=10, near_cache=near)
+    try:
+        eventually(
+            lambda: any("near_cache_not_serving" in r.getMessage() for r in caplog.records),
+            nearfollow.NO_STREAM_S + 5,
+            what="said once",
+        )
+        replies = [client.session_get(sid) for _ in range(5)]
+    finally:
+        client.close(linger_ms=0)
+    assert all(r.ok and not r.near for r in replies)
+    assert near.stats()["hits"] == 0
+    assert sum("near_cache_not_serving" in r.getMessage() for r in caplog.records) == 1
