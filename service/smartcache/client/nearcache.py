@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smartcache.client.base import Reply
-from smartcache.wire import decode_body, encode_body
+from smartcache.wire import Header, decode_body, encode_body
 
 log = logging.getLogger("smartcache.client.nearcache")
 
@@ -97,7 +97,8 @@ class Entry:
     name: str
     shard: str
     seq: int
-    reply: Reply
+    #: the kept reply's header, and its body as msgpack (seq and shard taken out)
+    header: Header
     body: bytes
     size: int
     #: monotonic deadlines (inf: none)
@@ -217,14 +218,18 @@ class NearCache:
             if now >= e.refresh_at and not e.touching:
                 e.touching = True
                 self._touches[key] = e
-            idle_at, absolute_at, reply, body = e.idle_at, e.absolute_at, e.reply, e.body
+            kind, header, body = e.kind, e.header, e.body
+            deadlines = [
+                ("expires_in_ms", e.idle_at),
+                ("absolute_expires_in_ms", e.absolute_at),
+                ("refresh_in_ms", e.refresh_at),
+            ]
         fresh = decode_body(body)
-        if e.kind == SESSION:
-            if idle_at != math.inf:
-                fresh["expires_in_ms"] = max(0, int((idle_at - now) * 1000))
-            if absolute_at != math.inf:
-                fresh["absolute_expires_in_ms"] = max(0, int((absolute_at - now) * 1000))
-        return Reply(reply.header, fresh, near=True)
+        if kind == SESSION:  # counted down from when the read was sent
+            for field_name, at in deadlines:
+                if at != math.inf:
+                    fresh[field_name] = max(0, int((at - now) * 1000))
+        return Reply(header, fresh, near=True)
 
     def offer(self, kind: str, key: Any, reply: Reply, sent_at: float) -> bool:
         """Keep a reply the service gave to a read sent at ``sent_at`` (this cache's clock), if it may be kept:
@@ -244,7 +249,7 @@ class NearCache:
             return False
         shard = str(b.get("shard") or "")
         body = encode_body({k: v for k, v in b.items() if k not in ("seq", "shard")})
-        e = Entry(kind, key, name, shard, seq, reply, body, len(body) + ENTRY_OVERHEAD_BYTES)
+        e = Entry(kind, key, name, shard, seq, reply.header, body, len(body) + ENTRY_OVERHEAD_BYTES)
         if kind == SESSION:
             e.bucket = _bucket_of_session(key[0])
             e.client_id = b.get("client_id")
@@ -256,6 +261,7 @@ class NearCache:
             s = self._streams.get(shard)
             if (
                 s is None
+                or e.size > self.max_bytes
                 or not self._serving(s, now)
                 or not self._clear_since(s, seq, name, e.bucket)
                 or self._fenced(e, sent_at)
