@@ -151,6 +151,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "service_cpu_seconds_per_1000_requests": round(service_cpu / answered * 1000, 3),
         "target_12000_rps_at_W128": rows[2]["throughput_rps"] >= 12000,
         "target_p99_under_10ms_at_W16": rows[1]["latency"]["p99_ms"] < 10,
+        **near_bench.summary(near_rows),
     }
     _print_summary(summary)
     _save(
@@ -295,6 +296,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
         f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s"
     )
+    print(near_bench.summary_line(summary))
     print(
         f"targets: 12,000/s at W=128: {'met' if summary['target_12000_rps_at_W128'] else 'NOT met'}; "
         f"p99 < 10 ms at W=16: {'met' if summary['target_p99_under_10ms_at_W16'] else 'NOT met'}"
@@ -440,7 +442,11 @@ def cmd_near(a: argparse.Namespace) -> int:
     """Issue 38's rows alone, against a fresh one-instance stack."""
     with stack(tarantool_env={"SC_WAL_MODE": "write"}) as (_, one):
         doc = near_bench.rows(one.endpoint, one.events_endpoint, a.duration, tuple(a.ws))
-    _save(a.json, {"machine": _machine(), "runs": doc, "at": time.strftime("%FT%TZ", time.gmtime())})
+    summary = near_bench.summary(doc)
+    print(near_bench.summary_line(summary))
+    _save(
+        a.json, {"machine": _machine(), "runs": doc, "summary": summary, "at": time.strftime("%FT%TZ", time.gmtime())}
+    )
     return 0
 
 

@@ -145,3 +145,29 @@ def format_row(r: dict[str, Any]) -> str:
     if r["errors"]:
         text += f"  errors {r['errors']}"
     return text
+
+
+def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Near cache to service, reads/s, at each W; the hit ratio and the p50 of a hit at W=16 (the issue's aims:
+    10x at W=16, under 50 µs)."""
+    by = {(r["inflight"], r["hit_ratio"] is not None): r for r in rs}
+    out: dict[str, Any] = {
+        f"near_cache_to_service_reads_at_W{w}": round(
+            by[w, True]["reads_per_s"] / max(1, by[w, False]["reads_per_s"]), 1
+        )
+        for w, _ in by
+        if (w, True) in by and (w, False) in by
+    }
+    if (16, True) in by:
+        out["near_cache_hit_ratio_at_W16"] = by[16, True]["hit_ratio"]
+        out["near_cache_p50_hit_us"] = by[16, True]["p50_hit_us_alone"]
+    return out
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    ratios = ", ".join(f"W={k.rsplit('W', 1)[1]} {v}" for k, v in s.items() if k.startswith("near_cache_to_service"))
+    return (
+        f"near cache/service, session reads of one front-server process (20:1): {ratios} (aim: 10 at W=16); "
+        f"hit ratio at W=16 {s.get('near_cache_hit_ratio_at_W16')}, p50 of a hit {s.get('near_cache_p50_hit_us')} µs "
+        "(aim: under 50)"
+    )
