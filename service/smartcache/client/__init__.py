@@ -4,7 +4,8 @@ Installs alone (distribution ``smartcache-bank``: pyzmq and msgpack, nothing of 
 server). Two clients, one ZeroMQ DEALER socket each, many requests in flight:
 :class:`Client` (blocking) and :class:`AsyncClient` (asyncio), with the same
 typed calls (``session_create``, ``cache_get``...), coordination objects
-(``lock``, ``counter``, ``ids``...) and the event stream (``subscribe``).
+(``lock``, ``counter``, ``ids``...), the event stream (``subscribe``) and a near cache
+(``Client(..., near_cache=NearCache(...))``: session reads from memory, dropped by the stream).
 Everything public is listed in ``__all__``; modules of this package are not an
 interface of their own.
 """

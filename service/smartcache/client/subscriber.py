@@ -32,6 +32,13 @@ each heartbeat name the shard, and the subscription keeps a cursor per shard
 (``cursors``), so each shard's stream is checked, caught up and resumed on its
 own. Order holds per key (a key's events are one bucket's, on one shard) and
 across keys within a shard; nothing orders two shards' events.
+
+What a near cache (:mod:`smartcache.client.nearfollow`) reads of a subscription besides
+its events: ``heard``, per shard, when a publisher last showed the cursor current (a
+heartbeat at or below it, the next event in order: never the head read from storage, nor
+a heartbeat above the cursor), ``behind`` (the shards with a gap pending), ``on_gap``
+(called when a gap is found, before it is read) and ``monitor()`` (the SUB socket's
+connects and disconnects).
 """
 
 from __future__ import annotations
