@@ -222,5 +222,6 @@ def test_a_third_shard_is_added_and_a_rebalance_moves_a_third_of_the_buckets_und
         for sid, client in writer.acked:
             assert c.session_get(uuid.UUID(sid)).ok, f"{sid} acknowledged, not read back"
             home = owner[buckets.bucket_of(client, BUCKETS)]
-            assert (call(leaders[home], "session_locate", sid) or {}).get("status") == "OK", f"{sid} not on {home}"
+            located = call(leaders[home], "session_locate", stored_id(sid)) or {}
+            assert located.get("status") == "OK", f"{sid} not on {home}"
     say(f"{len(writer.acked)} sessions written during the move, all read back; {len(writer.failed)} not acknowledged")
