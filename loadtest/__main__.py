@@ -9,6 +9,7 @@ python -m loadtest coordination         # issue 17's four numbers: counters, loc
 python -m loadtest events               # issue 16's four numbers: latency, subscriber restart, on/off, drop
 python -m loadtest profile              # py-spy on the service at W=16: threads, the loop's top functions
 python -m loadtest resharding          # issue 27: half of 1,000,000 sessions moved to a new shard under load
+python -m loadtest near                 # issue 38: a front server's session reads with and without its near cache
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from loadtest import ceiling, coordination, cpu, direct, runner
 from loadtest import events as events_bench
+from loadtest import nearcache as near_bench
 from loadtest.backend import Backend
 from loadtest.generator import Job
 from loadtest.prewarm import run as run_prewarm
@@ -129,6 +131,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         reads.append(_read_heavy(ha, "service session-read W=16 HA 3 sync, refresh after 1 s", a.duration))
     with stack(tarantool_env={"SC_WAL_MODE": "write"}) as (_, one):
         reads.append(_read_heavy(one, "service session-read W=16", a.duration))
+        # Issue 38: one front-server process reading sessions (20:1) with and without its near cache.
+        print("  near cache: a front server's session reads, with and without it...", file=sys.stderr, flush=True)
+        near_rows = near_bench.rows(one.endpoint, one.events_endpoint, a.duration)
     with stack(tarantool_env={"SC_WAL_MODE": "write", "SC_REFRESH_FRACTION": "0"}) as (_, one):
         reads.append(_read_heavy(one, "service session-read W=16, refresh after 1 s", a.duration))
     best = max(r["throughput_rps"] for r in rows[:3])
@@ -146,13 +151,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "service_cpu_seconds_per_1000_requests": round(service_cpu / answered * 1000, 3),
         "target_12000_rps_at_W128": rows[2]["throughput_rps"] >= 12000,
         "target_p99_under_10ms_at_W16": rows[1]["latency"]["p99_ms"] < 10,
+        **near_bench.summary(near_rows),
     }
     _print_summary(summary)
     _save(
         a.json,
         {
             "machine": _machine(),
-            "runs": [*rows, *ceilings, curve_row, *processes, *profiles, *sharding, *reads],
+            "runs": [*rows, *ceilings, curve_row, *processes, *profiles, *sharding, *reads, *near_rows],
             "summary": summary,
             "at": time.strftime("%FT%TZ", time.gmtime()),
         },
@@ -290,6 +296,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"service peak RSS: {summary['service_peak_rss_mib']} MiB; "
         f"CPU per 1,000 requests: {summary['service_cpu_seconds_per_1000_requests']} s"
     )
+    print(near_bench.summary_line(summary))
     print(
         f"targets: 12,000/s at W=128: {'met' if summary['target_12000_rps_at_W128'] else 'NOT met'}; "
         f"p99 < 10 ms at W=16: {'met' if summary['target_p99_under_10ms_at_W16'] else 'NOT met'}"
@@ -428,10 +435,26 @@ def main(argv: list[str] | None = None) -> int:
     Path("var").mkdir(exist_ok=True)
     commands = {"run": cmd_run, "bench": cmd_bench, "overload": cmd_overload, "prewarm": cmd_prewarm}
     commands |= {"coordination": cmd_coordination, "events": cmd_events, "resharding": cmd_resharding}
-    return {**commands, "profile": cmd_profile}[a.cmd](a)
+    return {**commands, "profile": cmd_profile, "near": cmd_near}[a.cmd](a)
+
+
+def cmd_near(a: argparse.Namespace) -> int:
+    """Issue 38's rows alone, against a fresh one-instance stack."""
+    with stack(tarantool_env={"SC_WAL_MODE": "write"}) as (_, one):
+        doc = near_bench.rows(one.endpoint, one.events_endpoint, a.duration, tuple(a.ws))
+    summary = near_bench.summary(doc)
+    print(near_bench.summary_line(summary))
+    _save(
+        a.json, {"machine": _machine(), "runs": doc, "summary": summary, "at": time.strftime("%FT%TZ", time.gmtime())}
+    )
+    return 0
 
 
 def _bench_parser(sub: Any) -> None:
+    n = sub.add_parser("near", help="a front server's session reads (20:1) with and without its near cache")
+    n.add_argument("--duration", type=float, default=5.0)
+    n.add_argument("--ws", type=int, nargs="+", default=list(near_bench.WS))
+    n.add_argument("--json", default="var/near.json")
     b = sub.add_parser("bench", help="session scenario W=1/16/128 through the service, its ceilings, and direct")
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--json", default="var/bench.json")

@@ -26,5 +26,12 @@ M.partitions = partitions.list
 M.publish = log.publish
 M.read = log.read
 M.stats = log.stats
+-- The position of a read (PROTOCOL.md 11, *Reading at a position*): the newest sequence whose transaction has
+-- ended; every change a read made now does not see comes with a later sequence.
+M.visible = log.visible
+-- Whether changes of state write events (SC_EVENTS; a test may turn it off at run time).
+function M.enabled()
+    return log.enabled
+end
 
 return M

@@ -18,6 +18,9 @@ def test_the_readmes_client_example_runs_against_the_service(svc: Running, tmp_p
     # its endpoint line is make run's port moved by SMARTCACHE_PORT_OFFSET (tests/unit/test_docs.py checks it)
     (line,) = [line for line in example.splitlines() if line.startswith("ENDPOINT = ")]
     script = tmp_path / "example.py"
+    (events,) = [line for line in example.splitlines() if line.startswith("EVENTS = ")]
+    assert svc.service.events is not None
+    example = example.replace(events, f"EVENTS = {svc.service.events.endpoint!r}")
     script.write_text(example.replace(line, f"ENDPOINT = {svc.endpoint!r}"))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
@@ -25,4 +28,5 @@ def test_the_readmes_client_example_runs_against_the_service(svc: Running, tmp_p
     assert lines[0] == "{'step': 1}"
     assert lines[1] == "{'amount': 100, 'to': 'DE89...'}"
     assert lines[2] == "no wizard state yet"
-    assert lines[3] == "[" + ", ".join(["<Status.OK: 'OK'>"] * 10) + "]"
+    assert lines[3] == "{'step': 1}"
+    assert lines[4] == "[" + ", ".join(["<Status.OK: 'OK'>"] * 10) + "]"

@@ -193,3 +193,30 @@ def test_a_cursor_beyond_the_head_follows_the_head_the_service_answers(pub: Any)
         sock.send_multipart(event_frames(**new))
         (got,) = _drain(sub, 1)
     assert (got.seq, got.topic) == (4, "app.new")
+
+
+def test_a_heartbeat_at_the_cursor_or_an_event_in_order_shows_the_shard_current_and_a_gap_is_told_at_once(
+    pub: Any,
+) -> None:
+    """What a near cache reads of a subscription: `heard` (a publisher showed the cursor current), `on_gap`."""
+    sock, endpoint = pub
+    svc = FakeService()
+    gaps: list[str] = []
+    with Subscription(svc, endpoint) as sub:
+        sub.on_gap = gaps.append
+        _subscribed(sock)
+        assert sub.heard == {}  # the head read from storage is no word of a publisher's
+        sock.send_multipart(heartbeat_frames(0))
+        assert sub.poll(0.1) is None
+        first = sub.heard[""]
+        e = svc.add("app.x")
+        sock.send_multipart(event_frames(**e))
+        _drain(sub, 1)
+        assert sub.heard[""] >= first
+        svc.add("app.x")
+        sock.send_multipart(heartbeat_frames(2))  # event 2 was lost: a gap, told before it is read
+        heard = sub.heard[""]
+        assert [x.seq for x in _drain(sub, 1)] == [2]
+        assert gaps == [""]
+        assert sub.heard[""] == heard  # a heartbeat above the cursor proves nothing
+        assert sub.behind == frozenset()

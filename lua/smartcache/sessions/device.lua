@@ -27,11 +27,12 @@ function M.lookup(device_id)
     if err ~= nil then
         return util.bad_request(err)
     end
+    local seq = events.enabled() and events.visible() or nil  -- the read's position (see sessions.reads get)
     local t = box.space.device:get(device_id)
     if t == nil then
         return util.result('NOT_FOUND')
     end
-    return util.result('OK', {client_id = t[F.client_id], updated_at_ms = t[F.updated_at]})
+    return util.result('OK', {client_id = t[F.client_id], updated_at_ms = t[F.updated_at], seq = seq})
 end
 
 return M

@@ -12,6 +12,7 @@ local util = require('smartcache.util')
 local config = require('smartcache.config')
 local sharding = require('smartcache.sharding')
 local access = require('smartcache.sessions.access')
+local events = require('smartcache.events')
 local F = require('smartcache.schema').F.sessions
 
 local M = {}
@@ -36,6 +37,16 @@ local function due(t, now)
     end
     local absolute = t[F.absolute_at]
     return absolute == nil or t[F.expires_at] < absolute
+end
+
+-- In how many ms a read or touch of t would write a refresh (0: the next one does); nil when none will (the
+-- deadline is the absolute one). Revision 12: a client's near cache sends SESSION_TOUCH on that schedule.
+local function refresh_in_ms(t, now)
+    local absolute = t[F.absolute_at]
+    if absolute ~= nil and t[F.expires_at] >= absolute then
+        return nil
+    end
+    return math.max(0, refresh_after_ms(t[F.ttl_ms]) - (now - t[F.updated_at]))
 end
 
 -- Push the deadline to now + ttl (never past the absolute one); the refreshed tuple.
@@ -77,6 +88,10 @@ function M.get(id, binding)
         return util.bad_request(err)
     end
     local now = util.now_ms()
+    -- The read's position in the shard's event log (revision 12), taken with no yield before the tuple is read:
+    -- every change this read does not see has a later sequence, so a client's near cache drops its copy at the
+    -- first event of the session after it. None with events off (nothing would ever invalidate a copy).
+    local seq = events.enabled() and events.visible() or nil
     local t, rotated = access.resolve(id, now)
     if t == nil then
         return util.result('NOT_FOUND')
@@ -107,6 +122,8 @@ function M.get(id, binding)
     return util.result('OK', access.expiry_fields(t, now, {
         client_id = t[F.client_id], version = t[F.version], data = t[F.data], rev = t[F.rev],
         updated_at_ms = t[F.updated_at], refresh_failed = failed, rotated = rotated or nil,
+        handle = (not rotated) and access.name(t) or nil, seq = (not rotated) and seq or nil,
+        refresh_in_ms = (not rotated) and refresh_in_ms(t, now) or nil,
     }))
 end
 
@@ -126,7 +143,7 @@ function M.touch(id, binding)
         if due(t, now) then
             t = refresh(t, now)
         end
-        return util.result('OK', access.expiry_fields(t, now, {}))
+        return util.result('OK', access.expiry_fields(t, now, {refresh_in_ms = refresh_in_ms(t, now)}))
     end)
 end
 

@@ -73,6 +73,8 @@ class Reply:
 
     header: Header
     body: dict[str, Any]
+    #: answered from the client's near cache, with no round trip (the header is the kept reply's)
+    near: bool = False
 
     @property
     def status(self) -> Status:

@@ -42,6 +42,8 @@ from smartcache.client.base import (
 from smartcache.client.coordination import CoordinationHelpers
 from smartcache.client.interface import BlockingClient
 from smartcache.client.locks import DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, AsyncLock
+from smartcache.client.nearcache import NearCache
+from smartcache.client.nearfollow import NEAR_TYPES, Follower, attach, through, through_async
 from smartcache.client.objects import DEFAULT_BLOCK, AsyncIdGenerator, CoordinationObjects
 from smartcache.client.subscriber import Subscription
 from smartcache.client.typed import TypedCalls
@@ -50,6 +52,8 @@ from smartcache.wire.keys import CurveKeys
 
 #: how long a subscription's reads of the log retry a service that does not answer
 SUBSCRIBE_RETRY_S = 30.0
+#: how long close() waits for a near cache's follower thread (a catch-up read in flight ends at its timeout)
+FOLLOWER_JOIN_S = 6.0
 
 
 def _connect(sock: zmq.Socket[Any], endpoint: str, curve: CurveKeys | None) -> None:
@@ -74,8 +78,11 @@ class Client(BlockingClient, CoordinationObjects):
         retries: int = 0,
         curve: CurveKeys | None = None,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        near_cache: NearCache | None = None,
     ) -> None:
-        """timeout_s: per attempt; retries: see the module docstring; curve: keys for a CURVE server.
+        """timeout_s: per attempt; retries: see the module docstring; curve: keys for a CURVE server;
+        near_cache: session reads and device lookups answered from this process's memory while the event
+        stream shows them current (service/smartcache/client/nearcache.py, docs/client.md *Near cache*).
 
         endpoint may list several endpoints, comma-separated: the socket connects to each, and
         ZeroMQ spreads requests over them (several service instances).
@@ -91,6 +98,11 @@ class Client(BlockingClient, CoordinationObjects):
         #: request id -> type name, for the requests sent and not yet waited for
         self._outstanding: dict[int, str] = {}
         self._arrived: dict[int, Reply | RequestError] = {}
+        #: the near cache (None: every read goes to the service); its follower thread, if it follows a stream
+        self.near_cache = near_cache
+        self._follower: Follower | None = None
+        if near_cache is not None:
+            self._follower = attach(near_cache, self)
 
     def send(
         self,
@@ -131,9 +143,17 @@ class Client(BlockingClient, CoordinationObjects):
         return result
 
     def twin(self, timeout_s: float | None = None) -> Client:
-        """Another client of the same service, with the same keys and retries: a socket for another thread."""
+        """Another client of the same service, with the same keys, retries and near cache: a socket for another
+        thread (a front server's request threads share one near cache this way)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        return Client(self.endpoint, timeout_s=timeout, retries=self.retries, curve=self._curve, context=self._ctx)
+        return Client(
+            self.endpoint,
+            timeout_s=timeout,
+            retries=self.retries,
+            curve=self._curve,
+            context=self._ctx,
+            near_cache=self.near_cache,
+        )
 
     def arrived(self, request_id: int) -> bool:
         """Whether the reply to an earlier ``send`` is here; reads what the socket holds, never waits."""
@@ -153,6 +173,21 @@ class Client(BlockingClient, CoordinationObjects):
             self._arrived[rid] = reply
 
     def call(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> Reply:
+        if self.near_cache is not None and type_name in NEAR_TYPES:
+            return through(
+                self.near_cache, self._call, type_name, body, session_id, lifetime_ms=lifetime_ms, timeout_s=timeout_s
+            )
+        return self._call(type_name, body, session_id=session_id, lifetime_ms=lifetime_ms, timeout_s=timeout_s)
+
+    def _call(
         self,
         type_name: str,
         body: Mapping[str, Any] | None = None,
@@ -203,7 +238,12 @@ class Client(BlockingClient, CoordinationObjects):
         self.send("APP_START", {"device_id": device_id, "version": version}, session_id=session_id, no_reply=True)
 
     def close(self, linger_ms: int = 200) -> None:
-        """Close the socket, giving unsent messages (say, an APP_START) up to linger_ms to leave."""
+        """Close the socket, giving unsent messages (say, an APP_START) up to linger_ms to leave; a near cache's
+        follower stops first (its own sockets closed in its thread)."""
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower.join(FOLLOWER_JOIN_S)
+            self._follower = None
         self._sock.close(linger=linger_ms)
 
     def __enter__(self) -> Client:
@@ -241,9 +281,11 @@ class AsyncClient(TypedCalls["asyncio.Future[Reply]"]):
         retries: int = 0,
         curve: CurveKeys | None = None,
         context: zmq.asyncio.Context | None = None,
+        near_cache: NearCache | None = None,
     ) -> None:
         """timeout_s: per attempt; retries: see the module docstring; curve: keys for a CURVE server;
-        endpoint: one or several, comma-separated."""
+        endpoint: one or several, comma-separated; near_cache: as the blocking client's (its follower is a thread
+        with blocking sockets of its own)."""
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.retries = retries
@@ -255,8 +297,29 @@ class AsyncClient(TypedCalls["asyncio.Future[Reply]"]):
         #: request id -> type name, while its future is pending (for errors that say which request)
         self._kinds: dict[int, str] = {}
         self._reader: asyncio.Task[None] | None = None
+        self.near_cache = near_cache
+        #: a blocking client whose twins the near cache's follower thread uses (its own socket never sends)
+        self._follows: Client | None = None
+        if near_cache is not None and near_cache.follower is None and near_cache.enabled:
+            self._follows = Client(endpoint, timeout_s=timeout_s, retries=retries, curve=curve)
+            attach(near_cache, self._follows)
 
     def call(
+        self,
+        type_name: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        session_id: SessionId | None = None,
+        lifetime_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[Reply]:
+        if self.near_cache is not None and type_name in NEAR_TYPES:
+            return through_async(
+                self.near_cache, self._call, type_name, body, session_id, lifetime_ms=lifetime_ms, timeout_s=timeout_s
+            )
+        return self._call(type_name, body, session_id=session_id, lifetime_ms=lifetime_ms, timeout_s=timeout_s)
+
+    def _call(
         self,
         type_name: str,
         body: Mapping[str, Any] | None = None,
@@ -364,6 +427,13 @@ class AsyncClient(TypedCalls["asyncio.Future[Reply]"]):
             if not fut.done():
                 fut.cancel()
         self._sock.close(linger=0)
+        if self._follows is not None:  # the near cache's follower stops with it
+            nc, self.near_cache = self.near_cache, None
+            if nc is not None and nc.follower is not None:
+                nc.follower.stop()
+                nc.follower.join(FOLLOWER_JOIN_S)
+            self._follows.close(linger_ms=0)
+            self._follows = None
 
 
 # help(Client) and help(AsyncClient) show what each typed call returns there, not a type variable.

@@ -32,14 +32,22 @@ each heartbeat name the shard, and the subscription keeps a cursor per shard
 (``cursors``), so each shard's stream is checked, caught up and resumed on its
 own. Order holds per key (a key's events are one bucket's, on one shard) and
 across keys within a shard; nothing orders two shards' events.
+
+What a near cache (:mod:`smartcache.client.nearfollow`) reads of a subscription besides
+its events: ``heard``, per shard, when a publisher last showed the cursor current (a
+heartbeat at or below it, the next event in order: never the head read from storage, nor
+a heartbeat above the cursor), ``behind`` (the shards with a gap pending), ``on_gap``
+(called when a gap is found, before it is read) and ``monitor()`` (the SUB socket's
+connects and disconnects).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import struct
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -149,6 +157,11 @@ class Subscription:
         self.cursors: dict[str, int] = {}
         #: the shards whose log is read with EVENTS_READ before their stream is taken
         self._behind: set[str] = set()
+        #: per shard, when (time.monotonic) a publisher last showed the cursor current: a heartbeat at or below it, or
+        #: the next event in order (a near cache serves a shard's copies only while this is recent)
+        self.heard: dict[str, float] = {}
+        #: called with the shard when a gap is found, before it is read (a near cache stops serving the shard)
+        self.on_gap: Callable[[str], None] | None = None
         self.sharded = False
         try:
             self._start(from_seq)
@@ -214,7 +227,21 @@ class Subscription:
                     break
                 self._receive(frames)
 
+    @property
+    def behind(self) -> frozenset[str]:
+        """The shards with a gap pending: their log is read with EVENTS_READ before their stream is taken again."""
+        return frozenset(self._behind)
+
+    def monitor(self) -> zmq.Socket[Any]:
+        """A socket that receives the SUB socket's connection events (``zmq.utils.monitor.recv_monitor_message``):
+        a near cache stops serving at a disconnect, before the silent stream would tell. Read it from this
+        subscription's thread."""
+        monitor: zmq.Socket[Any] = self._sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
+        return monitor
+
     def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self._sub.disable_monitor()
         self._sub.close(linger=0)
         self.client.close(linger_ms=0)
 
@@ -244,6 +271,8 @@ class Subscription:
         if not frames[0]:  # heartbeat: everything up to seq (of the shard) was published
             if seq > cursor:
                 self._gap(shard)
+            elif shard not in self._behind:
+                self.heard[shard] = time.monotonic()
             return
         if seq <= cursor:
             self.counts.duplicates += 1
@@ -252,6 +281,7 @@ class Subscription:
             self._gap(shard)  # the catch-up reads this one too
             return
         self.cursors[shard] = seq
+        self.heard[shard] = time.monotonic()
         topic = frames[0].decode()
         if self._matches(topic):
             m = body if body is not None else msgpack.unpackb(frames[2], raw=False)
@@ -261,6 +291,8 @@ class Subscription:
         if shard not in self._behind:
             self.counts.gaps += 1
             self._behind.add(shard)
+            if self.on_gap is not None:
+                self.on_gap(shard)
 
     def _catch_up(self, shard: str, deadline: float) -> bool:
         """Read a shard's log from its cursor to the head; False when the deadline came first (it goes on at

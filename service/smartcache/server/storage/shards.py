@@ -49,6 +49,9 @@ MOVING_RETRIES = 100
 NEW_SHARD_WAIT_S = 5.0
 #: buckets whose new owner a refusal named, routed there before the map says so (a move's map swap follows)
 MOVED_KEPT = 4096
+#: reads whose OK answer names the shard that gave it (PROTOCOL.md rev. 12): the answer's ``seq`` is a position
+#: in that shard's log, which a client's near cache follows to drop its copy
+LOCATED_READS = frozenset({"session_get", "device_lookup"})
 
 
 class ShardError(StorageUnavailable):
@@ -139,6 +142,8 @@ class ShardedStorage:
                 backoff = min(backoff * 2, MOVING_BACKOFF_MAX_S)
                 continue
             if status != "WRONG_BUCKET":
+                if procedure in LOCATED_READS and status == "OK":
+                    result["shard"] = shard
                 return result
             # Nothing was done there: read the map again and send it where it says, while the message has time.
             self.wrong_buckets += 1
