@@ -42,16 +42,7 @@ local function text(value, name, min, max)
     return nil
 end
 
-local function is_map(v)
-    if type(v) ~= 'table' then
-        return false
-    end
-    local mt = getmetatable(v)
-    if mt ~= nil and mt.__serialize ~= nil then
-        return mt.__serialize == 'map' or mt.__serialize == 'mapping'
-    end
-    return #v == 0
-end
+local is_map = util.is_map
 
 local function entry(t)
     return {seq = t[F.seq], time_ms = t[F.time_ms], who = t[F.who], action = t[F.action], target = t[F.target],

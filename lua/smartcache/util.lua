@@ -72,6 +72,19 @@ function M.opt(value, default)
     return M.plain(value)
 end
 
+-- A msgpack map: decoded ones say so in their metatable; a plain Lua table is one
+-- when it has no array part (an empty table counts as an empty map).
+function M.is_map(v)
+    if type(v) ~= 'table' then
+        return false
+    end
+    local mt = getmetatable(v)
+    if mt ~= nil and mt.__serialize ~= nil then
+        return mt.__serialize == 'map' or mt.__serialize == 'mapping'
+    end
+    return #v == 0
+end
+
 -- Equal msgpack values: maps by their keys, numbers by value (64-bit cdata included). A register's
 -- compare-and-set (coordination/atomics.lua) and two vclocks (digest.lua) are compared by it.
 local function same(a, b)

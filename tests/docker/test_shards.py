@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import tarantool
 
 from smartcache.client import Client
-from smartcache.wire import buckets
+from smartcache.wire import buckets, sessionkeys
 from smartcache.wire.errors import RequestError
 
 COMPOSE = shlex.split(os.environ.get("SMOKE_COMPOSE", "docker compose"))
@@ -44,6 +44,16 @@ def secret(name: str, variable: str, default: str) -> str:
 
 
 SERVICE_PASSWORD = secret("service_password", "SC_SERVICE_PASSWORD", "smartcache")
+#: the services' session key (docker/make-secrets.sh's session_key; unset: the all-zero development key)
+SESSION_KEY = bytes.fromhex(secret("session_key", "SMARTCACHE_SESSION_KEY", "00" * 32))
+
+
+def stored_id(sid: str) -> str:
+    """The id storage keeps a session under (PROTOCOL.md section 4), derived as the services derive it: the
+    bucket bits stay, so it routes as the session id does."""
+    return str(uuid.UUID(bytes=sessionkeys.derive(SESSION_KEY, uuid.UUID(sid).bytes)))
+
+
 BOTH = f"tcp://127.0.0.1:{os.environ['SERVICE_1_PORT']},tcp://127.0.0.1:{os.environ['SERVICE_2_PORT']}"
 
 
@@ -123,8 +133,9 @@ def test_sessions_land_on_their_client_s_shard_and_read_back() -> None:
     leaders = {s: leader_of(s) for s in SHARDS}
     for sid, home in made.items():
         other = "s2" if home == "s1" else "s1"
-        assert (call(leaders[home], "session_locate", sid) or {}).get("status") == "OK", f"{sid} not on {home}"
-        assert (call(leaders[other], "session_get", sid) or {}).get("status") == "WRONG_BUCKET"
+        stored = stored_id(sid)
+        assert (call(leaders[home], "session_locate", stored) or {}).get("status") == "OK", f"{sid} not on {home}"
+        assert (call(leaders[other], "session_get", stored) or {}).get("status") == "WRONG_BUCKET"
     assert set(made.values()) == set(SHARDS), "forty clients land on both shards"
 
 
@@ -211,5 +222,6 @@ def test_a_third_shard_is_added_and_a_rebalance_moves_a_third_of_the_buckets_und
         for sid, client in writer.acked:
             assert c.session_get(uuid.UUID(sid)).ok, f"{sid} acknowledged, not read back"
             home = owner[buckets.bucket_of(client, BUCKETS)]
-            assert (call(leaders[home], "session_locate", sid) or {}).get("status") == "OK", f"{sid} not on {home}"
+            located = call(leaders[home], "session_locate", stored_id(sid)) or {}
+            assert located.get("status") == "OK", f"{sid} not on {home}"
     say(f"{len(writer.acked)} sessions written during the move, all read back; {len(writer.failed)} not acknowledged")

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import pytest
 
 from smartcache.client import Client, Reply
+from smartcache.wire import sessionkeys
 from smartcache.wire.errors import RequestError, RequestTimeout
 
 COMPOSE = shlex.split(os.environ.get("SMOKE_COMPOSE", "docker compose"))
@@ -87,6 +88,14 @@ def secret(name: str, variable: str, default: str) -> str:
 
 HTTP_TOKEN = secret("http_token", "SC_HTTP_TOKEN", "development-http-token")
 METRICS_TOKEN = secret("metrics_token", "SMARTCACHE_METRICS_TOKEN", "")
+#: the services' session key (docker/make-secrets.sh's session_key; unset: the all-zero development key)
+SESSION_KEY = bytes.fromhex(secret("session_key", "SMARTCACHE_SESSION_KEY", "00" * 32))
+
+
+def handle_of(sid: uuid.UUID) -> str:
+    """What storage, the events and the operator HTTP name a session by: its handle, derived from the id under
+    the stack's session key as the services derive it (PROTOCOL.md section 4); never the id itself."""
+    return sessionkeys.handle(sessionkeys.derive(SESSION_KEY, sid.bytes))
 
 
 def port(name: str) -> int:
@@ -262,7 +271,7 @@ def the_leader() -> str | None:
 
 def has_sessions(instance: str, sids: list[uuid.UUID]) -> bool:
     """Every one of sids is on this instance (read locally through its operator HTTP, with the token)."""
-    return all(get_json(tarantool_url(instance, f"/sessions/{sid}"), HTTP_TOKEN)[0] == 200 for sid in sids)
+    return all(get_json(tarantool_url(instance, f"/sessions/{handle_of(sid)}"), HTTP_TOKEN)[0] == 200 for sid in sids)
 
 
 def backend_calls(client_id: str) -> dict[str, int]:
@@ -489,9 +498,9 @@ def test_events_reach_a_subscriber_of_both_publishers(clients: tuple[Client, Cli
             event = subscription.poll(1.0)
             if event is not None:
                 seen.append(event)
-                if event.key == str(sid):
+                if event.key == handle_of(sid):  # events name a session by its handle, never its id
                     break
-        assert any(e.key == str(sid) and e.topic == "session.created" for e in seen), seen
+        assert any(e.key == handle_of(sid) and e.topic == "session.created" for e in seen), seen
     finally:
         subscription.close()
 
@@ -514,7 +523,7 @@ def test_operator_http_data_routes_and_service_metrics_need_their_tokens() -> No
     sid = next(iter(ACKED))
     leader = the_leader()
     assert leader is not None
-    url = tarantool_url(leader, f"/sessions/{sid}")
+    url = tarantool_url(leader, f"/sessions/{handle_of(sid)}")
     assert get_json(url)[0] == 401  # SC_HTTP_TOKEN(_FILE): the data routes want it
     assert get_json(url, "not-the-token")[0] == 401
     status, doc = get_json(url, HTTP_TOKEN)
@@ -913,7 +922,7 @@ def test_restore_starts_a_new_cluster_from_the_backup() -> None:
             return status == 200 and doc["role"] == "leader"
 
         eventually(leads, 60, "the restored instance leads")
-        missing = [s for s in sids if get_json(f"{url}/sessions/{s}", HTTP_TOKEN)[0] != 200]
+        missing = [s for s in sids if get_json(f"{url}/sessions/{handle_of(s)}", HTTP_TOKEN)[0] != 200]
         assert not missing, f"not in the restored instance: {missing}"
     finally:
         for c in (f"{name}-tarantool", f"{name}-etcd"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -353,8 +355,11 @@ def test_more_shards_asked_of_one_replica_set_grow_it_the_documented_way_and_kee
         assert _owners(grown.status()["buckets"]["ranges"]) == {"s1"}
         assert [grown.cli("session-get", s)["status"] for s in kept] == ["OK"] * len(kept)
         cli = Path(sys.executable).parent / "smartcache-cli"
+        # the command the banner names, as it names it (its --reason included)
+        named = re.search(r"`\.venv/bin/smartcache-cli (cluster --cluster make-run rebalance [^`]*)`", grown.out)
+        assert named is not None, grown.out[-2000:]
         moved = subprocess.run(
-            [str(cli), "cluster", "--cluster", "make-run", "rebalance", "--json"],
+            [str(cli), *shlex.split(named.group(1)), "--json"],
             env=grown.env,
             capture_output=True,
             text=True,

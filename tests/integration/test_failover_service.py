@@ -119,6 +119,8 @@ def test_a_planned_switchover_pauses_writes_under_a_second_and_loses_nothing(ha:
                 addresses,
                 "switchover",
                 ha.nodes[candidate].address,
+                "--reason",
+                "a planned switchover under writes (test)",
             ],
             capture_output=True,
             text=True,

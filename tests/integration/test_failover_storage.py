@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -355,8 +356,8 @@ def test_a_restart_writes_nothing_so_an_instance_starts_on_a_full_disk(tmp_path:
     try:
         solo.wait_ready()
         with connect(solo) as conn:
-            assert call(conn, "session_create", None, "client-full", None, 600, "x")["status"] == "OK"
-            sid = call(conn, "session_list", "client-full")["sessions"][0]["session_id"]
+            sid = str(uuid.uuid4())  # a stored id, as the service would give it (storage is asked directly)
+            assert call(conn, "session_create", sid, "client-full", None, 600, "x")["status"] == "OK"
             before = call(conn, "role")
         assert before["role"] == "standalone"
         solo.stop()

@@ -149,6 +149,19 @@ function M.mismatch(t)
     return util.result('BINDING_MISMATCH')
 end
 
+-- The live session a write procedure acts on, or the answer refusing it: NOT_FOUND, or
+-- BINDING_MISMATCH with its event (M.mismatch) for a bound session and another binding.
+function M.acting_on(id, binding, now)
+    local t = M.live(id, now)
+    if t == nil then
+        return nil, util.result('NOT_FOUND')
+    end
+    if not M.bound(t, binding) then
+        return nil, M.mismatch(t)
+    end
+    return t
+end
+
 -- The same for a read, which runs in no transaction: the event in one of its own when this
 -- instance may write; a read that cannot write it (not writable, disk full) still refuses.
 function M.mismatch_read(t)

@@ -136,12 +136,9 @@ function M.touch(id, binding)
     end
     local now = util.now_ms()
     return util.atomic(function()
-        local t = live(id, now)
+        local t, refused = access.acting_on(id, binding, now)
         if t == nil then
-            return util.result('NOT_FOUND')
-        end
-        if not access.bound(t, binding) then
-            return access.mismatch(t)
+            return refused
         end
         if due(t, now) then
             t = refresh(t, now)

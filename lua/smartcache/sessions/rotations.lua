@@ -99,12 +99,9 @@ function M.rotate(id, new, grace_ms, binding)
     local grace = grace_ms or config.rotate_grace_ms
     local now = util.now_ms()
     return util.atomic(function()
-        local t = access.live(id, now)
+        local t, refused = access.acting_on(id, binding, now)
         if t == nil then
-            return util.result('NOT_FOUND')
-        end
-        if not access.bound(t, binding) then
-            return access.mismatch(t)
+            return refused
         end
         local made = new == nil
         if made then

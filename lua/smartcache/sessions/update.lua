@@ -9,20 +9,7 @@ local F = require('smartcache.schema').F.sessions
 
 local M = {}
 
-local live = access.live
-
--- A msgpack map: decoded ones say so in their metatable; a plain Lua table is one
--- when it has no array part (an empty table counts as an empty map).
-local function is_map(v)
-    if type(v) ~= 'table' then
-        return false
-    end
-    local mt = getmetatable(v)
-    if mt ~= nil and mt.__serialize ~= nil then
-        return mt.__serialize == 'map' or mt.__serialize == 'mapping'
-    end
-    return #v == 0
-end
+local is_map = util.is_map
 
 -- The merge of SESSION_UPDATE's set (attribute -> value) and unset (attributes)
 -- into a session's map-valued data (no data yet: an empty map). nil and why for
@@ -88,12 +75,9 @@ function M.update(id, data, expected_rev, version, set, unset, binding)
     end
     local now = util.now_ms()
     return util.atomic(function()
-        local t = live(id, now)
+        local t, refused = access.acting_on(id, binding, now)
         if t == nil then
-            return util.result('NOT_FOUND')
-        end
-        if not access.bound(t, binding) then
-            return access.mismatch(t)
+            return refused
         end
         if expected_rev ~= nil and t[F.rev] ~= expected_rev then
             return util.result('CONFLICT', {rev = t[F.rev]})

@@ -36,9 +36,9 @@ def main() -> int:
     signals = Signals().block()  # before any thread or child: Ctrl-C is taken by sigtimedwait, never a handler
     try:
         plan = Plan.from_env(dict(os.environ))
+        plan.check_ports()  # first: a make run refused leaves nothing behind (not even var/session.key)
         service_env = _service_env(plan, os.environ)
         Settings.from_env({**os.environ, **service_env})  # the service's own check, before anything starts
-        plan.check_ports()
     except (BadEnvironment, SettingsError) as e:
         print(f"make run: {e}", file=sys.stderr, flush=True)  # noqa: T201
         return 1
