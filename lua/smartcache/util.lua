@@ -130,6 +130,11 @@ function M.uuid()
     pool_used = pool_used + 16
     b[6] = bor(band(b[6], 0x0f), 0x40)  -- version 4
     b[8] = bor(band(b[8], 0x3f), 0x80)  -- variant RFC 4122
+    return M.uuid_text(b)
+end
+
+-- The canonical UUID text of 16 bytes (b: a uint8_t array indexed 0..15).
+function M.uuid_text(b)
     local o = 0
     for i = 0, 15 do
         if i == 4 or i == 6 or i == 8 or i == 10 then

@@ -18,6 +18,7 @@
 local ffi = require('ffi')
 local bit = require('bit')
 local digest = require('digest')
+local util = require('smartcache.util')
 
 local M = {}
 
@@ -32,7 +33,6 @@ local VALUE = {}  -- byte of a base32 symbol -> its value
 for i = 1, 32 do
     VALUE[M.ALPHABET:byte(i)] = i - 1
 end
-local HEX = ffi.new('uint8_t[16]', {string.byte('0123456789abcdef', 1, 16)})
 local NIBBLE = {}  -- byte of a hex digit -> its value (both cases)
 for i = 0, 15 do
     NIBBLE[string.byte(string.format('%x', i))] = i
@@ -127,17 +127,7 @@ function M.parse(handle)
     if acc ~= 0 then  -- the last character's two unused bits: one handle per id
         return nil, 'handle is not canonical (its last character\'s unused bits are not zero)'
     end
-    local o = 0
-    for i = 0, 15 do
-        if i == 4 or i == 6 or i == 8 or i == 10 then
-            out[o] = DASH
-            o = o + 1
-        end
-        out[o] = HEX[rshift(raw[i], 4)]
-        out[o + 1] = HEX[band(raw[i], 15)]
-        o = o + 2
-    end
-    return ffi.string(out, 36)
+    return util.uuid_text(raw)
 end
 
 -- The name of a raw-keyed row (written before revision 11): a digest of its id, never the id.
